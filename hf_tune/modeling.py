@@ -49,7 +49,7 @@ def build_model(recipe: Recipe, tokenizer=None):
     if recipe.lora is not None:
         from peft import LoraConfig, get_peft_model
 
-        if recipe.training.get("gradient_checkpointing"):
+        if recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"):
             model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
         model = get_peft_model(model, LoraConfig(task_type=PEFT_TASK_TYPES[m.task], **recipe.lora))
     return model

@@ -27,6 +27,25 @@ PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
 _SECRET_KEY = re.compile(r"(^|_)(token|secret|password|passwd|api_?key|key|credentials?)$", re.IGNORECASE)
 
 
+class RecipeYamlLoader(yaml.SafeLoader):
+    """YAML as users expect it (YAML 1.2 scalars): only true/false are booleans, so ``eval_strategy: no`` stays the
+    string "no" (YAML 1.1 reads False), and ``1e-4`` is a float (YAML 1.1 reads a string)."""
+
+
+RecipeYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+RecipeYamlLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                       list("tTfF"))
+RecipeYamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$"),
+                                       list("-+0123456789"))
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=RecipeYamlLoader)
+
+
 @dataclasses.dataclass
 class Recipe:
     """A validated recipe. ``training`` and ``lora`` hold upstream keyword arguments, verbatim."""
@@ -62,7 +81,7 @@ def load_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str]
         if not source.is_file():
             raise RecipeError("", f"recipe file not found: {source}", fix="pass the path of a YAML recipe, e.g. recipes/llm_lora.yaml")
         try:
-            raw = yaml.safe_load(source.read_text()) or {}
+            raw = read_yaml(source.read_text()) or {}
         except yaml.YAMLError as err:
             raise RecipeError("", f"{source} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
@@ -87,7 +106,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             elif not isinstance(child, dict):
                 raise RecipeError(dotted, f"cannot set a key inside '{part}', which holds {child!r}")
             node = child
-        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+        node[parts[-1]] = read_yaml(text) if text.strip() else None
     return raw
 
 
@@ -164,7 +183,11 @@ def _check_files(recipe: Recipe) -> None:
     if looks_like_local_path(model_name) and not os.path.isdir(os.path.expanduser(model_name)):
         raise RecipeError("model.pretrained_model_name_or_path", f"no such folder: {model_name}",
                           fix="name a folder holding config.json, a Hub id (org/name), or embedded:SmolLM2-135M-Instruct")
-    elif ":" not in model_name and not recipe.model.gguf_file and not _available_offline(model_name, recipe.model.revision):
+    elif model_name.startswith("embedded:"):
+        from hf_tune.embedded import locate_embedded
+
+        locate_embedded(model_name)
+    elif not recipe.model.gguf_file and not _available_offline(model_name, recipe.model.revision):
         raise RecipeError("model.pretrained_model_name_or_path", f"the Hub is unreachable and {model_name!r} is not in "
                           "the local Hub cache", fix=OFFLINE_MODEL_FIX)
     for name in ("train", "eval"):

@@ -1,0 +1,69 @@
+"""Shared fixtures: the embedded SmolLM2 tokenizer, a tiny random Llama folder, recipe files written in a line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "examples" / "data"
+SMOLLM2 = "embedded:SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="session")
+def smol_dir() -> str:
+    from hf_tune.embedded import embedded_model_path
+
+    return embedded_model_path(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smol_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smol_tokenizer) -> str:
+    """A randomly initialised 2-layer Llama with SmolLM2's tokenizer and chat template: the fast path for tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=smol_tokenizer.pad_token_id, eos_token_id=smol_tokenizer.eos_token_id,
+                         tie_word_embeddings=True)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def chat_recipe(model: str, output_dir: Path, **training) -> dict:
+    """A small chat recipe as a dict: a few short demo chats, short sequences, no eval unless asked."""
+    return {
+        "model": {"pretrained_model_name_or_path": model},
+        "data": {"format": "chat", "train": {"path": str(DATA / "chat_demo.jsonl")}, "max_length": 128},
+        "training": {"output_dir": str(output_dir), "max_steps": 2, "per_device_train_batch_size": 2,
+                     "learning_rate": 1e-3, "report_to": "none", "logging_steps": 1, "save_strategy": "no",
+                     "disable_tqdm": True, **training},
+    }
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, timeout: int = 600, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run a console command of the venv (hf-tune, accelerate, python) and capture its output."""
+    exe = Path(sys.executable).parent / args[0]
+    return subprocess.run([str(exe), *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})

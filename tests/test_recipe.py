@@ -1,0 +1,169 @@
+"""Recipe loading: every bad input names its key and the fix; overrides; every shipped recipe validates."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import DATA, REPO, run_cli, write_recipe
+from hf_tune.errors import HfTuneError
+from hf_tune.recipe import apply_overrides, load_recipe, redact_secrets
+
+GOOD = {
+    "model": {"pretrained_model_name_or_path": "embedded:SmolLM2-135M-Instruct"},
+    "lora": {"r": 8, "target_modules": "all-linear"},
+    "data": {"format": "chat", "train": {"path": str(DATA / "chat_demo.jsonl")}, "eval_split": 0.1},
+    "training": {"output_dir": "runs/x", "learning_rate": 1e-4, "eval_strategy": "steps", "eval_steps": 5},
+}
+
+
+def with_(overrides: list[str]) -> dict:
+    return apply_overrides(copy.deepcopy(GOOD), overrides)
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(HfTuneError) as info:
+        load_recipe(raw)
+    return str(info.value)
+
+
+def test_good_recipe_loads_with_upstream_types():
+    recipe = load_recipe(GOOD, ["training.learning_rate=2e-5", "training.warmup_steps=0.1"])
+    assert recipe.training["learning_rate"] == pytest.approx(2e-5)  # "2e-5" is a string to PyYAML; converted
+    assert recipe.training["warmup_steps"] == 0.1
+    assert recipe.lora == {"r": 8, "target_modules": "all-linear"}
+    assert recipe.data.max_length == 1024
+
+
+@pytest.mark.parametrize("override, key, suggestion", [
+    ("trainin.learning_rate=1", "trainin", "training"),
+    ("model.pretrained_model_name_or_pth=x", "model.pretrained_model_name_or_pth", "pretrained_model_name_or_path"),
+    ("data.max_lenght=10", "data.max_lenght", "max_length"),
+    ("data.train.pth=x.jsonl", "data.train.pth", "path"),
+    ("training.learnin_rate=1e-4", "training.learnin_rate", "learning_rate"),
+    ("training.eval_strategyy=steps", "training.eval_strategyy", "eval_strategy"),
+    ("lora.lora_alpah=16", "lora.lora_alpah", "lora_alpha"),
+])
+def test_unknown_key_is_named_with_closest_valid_key(override, key, suggestion):
+    message = error_of(with_([override]))
+    assert f"{key}:" in message and "unknown" in message
+    assert f"did you mean '{suggestion}'" in message
+
+
+@pytest.mark.parametrize("override, key", [
+    ("training.learning_rate=abc", "training.learning_rate"),
+    ("training.num_train_epochs=[1, 2]", "training.num_train_epochs"),
+    ("data.max_length=long", "data.max_length"),
+    ("model.trust_remote_code=maybe", "model.trust_remote_code"),
+    ("lora.r=eight", "lora.r"),
+    ("data.format=tsv", "data.format"),
+])
+def test_wrong_type_names_the_key(override, key):
+    assert error_of(with_([override])).startswith(f"{key}:")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("training.learning_rate=-1e-4", "training.learning_rate"),
+    ("training.per_device_train_batch_size=0", "training.per_device_train_batch_size"),
+    ("training.weight_decay=-0.1", "training.weight_decay"),
+    ("data.max_length=0", "data.max_length"),
+    ("data.max_length=-5", "data.max_length"),
+    ("data.eval_split=1.5", "data.eval_split"),
+])
+def test_bad_value_names_the_key(override, key):
+    assert error_of(with_([override])).startswith(f"{key}:")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("data.train.path=missing/train.jsonl", "data.train.path"),
+    ("data.chat_template=templates/missing.jinja", "data.chat_template"),
+    ("model.pretrained_model_name_or_path=./no/such/model", "model.pretrained_model_name_or_path"),
+    ("model.pretrained_model_name_or_path=embedded:NoSuchModel", "model.pretrained_model_name_or_path"),
+])
+def test_missing_file_names_the_key(override, key):
+    message = error_of(with_([override]))
+    assert message.startswith(f"{key}:") and "fix:" in message
+
+
+def test_upstream_training_arguments_error_is_reraised_with_the_recipe_key():
+    message = error_of(with_(["training.load_best_model_at_end=true", "training.save_strategy=epoch"]))
+    assert message.startswith("training.load_best_model_at_end:") and "TrainingArguments" in message
+    assert error_of(with_(["training.eval_strategy=stepz"])).startswith("training.eval_strategy:")
+
+
+def test_contradictions_are_caught_at_load():
+    assert error_of(with_(["data.eval_split=null"])).startswith("training.eval_strategy:")  # eval without eval data
+    message = error_of(with_([f"data.eval.path={DATA / 'chat_demo.jsonl'}"]))
+    assert "data.eval" in message and "not both" in message
+    assert error_of(with_(["lora.task_type=SEQ_CLS"])).startswith("lora.task_type:")
+
+
+def test_overrides_are_typed_yaml_and_create_nested_keys():
+    raw = apply_overrides({"training": {"seed": 1}}, ["training.seed=7", "training.report_to=[wandb, tensorboard]",
+                                                     "training.bf16=false", "data.train.path=x.jsonl",
+                                                     "training.eval_strategy=no", "training.learning_rate=1e-4"])
+    assert raw == {"training": {"seed": 7, "report_to": ["wandb", "tensorboard"], "bf16": False, "eval_strategy": "no",
+                                "learning_rate": 1e-4},  # YAML 1.2 scalars: 'no' is a string, 1e-4 a float
+                   "data": {"train": {"path": "x.jsonl"}}}
+    for bad in ("training", "training.seed", "=3", "training..seed=1"):
+        with pytest.raises(HfTuneError, match="section.key=value"):
+            apply_overrides({}, [bad])
+
+
+def test_secrets_are_redacted_in_the_resolved_recipe():
+    recipe = load_recipe(GOOD, ["training.hub_token=hf_abcdefSECRET"])
+    resolved = redact_secrets(recipe.to_dict())
+    assert resolved["training"]["hub_token"] == "***"
+    assert "SECRET" not in yaml.safe_dump(resolved)
+    assert resolved["training"]["learning_rate"] == 1e-4
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_validates(path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    recipe = load_recipe(path)
+    assert recipe.source == path and recipe.training["output_dir"]
+
+
+def test_cli_validate_prints_resolved_recipe_and_bad_recipe_exits_nonzero_without_traceback(tmp_path):
+    good = run_cli("hf-tune", "validate", "recipes/llm_lora.yaml", "training.max_steps=3")
+    assert good.returncode == 0, good.stderr
+    resolved = yaml.safe_load(good.stdout)
+    assert resolved["training"]["max_steps"] == 3 and resolved["model"]["task"] == "causal_lm"
+
+    bad = write_recipe(tmp_path / "bad.yaml", with_(["training.learnin_rate=1e-4"]))
+    result = run_cli("hf-tune", "validate", str(bad))
+    assert result.returncode == 2
+    assert "training.learnin_rate" in result.stderr and "learning_rate" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    result = run_cli("python", "-m", "hf_tune.run", str(bad))  # the training entry point fails the same way
+    assert result.returncode == 2 and "training.learnin_rate" in result.stderr and "Traceback" not in result.stderr
+
+    debug = run_cli("hf-tune", "--debug", "validate", str(bad))
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_offline_hub_id_is_refused_at_load_with_how_to_use_a_local_copy(monkeypatch):
+    from hf_tune import hub
+
+    monkeypatch.setattr(hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # the network boundary: nothing listens
+    hub.hub_is_reachable.cache_clear()
+    try:
+        message = error_of(with_(["model.pretrained_model_name_or_path=some-org/never-downloaded"]))
+    finally:
+        hub.hub_is_reachable.cache_clear()
+    assert message.startswith("model.pretrained_model_name_or_path:") and "local folder" in message
+
+
+def test_missing_recipe_file_and_non_mapping(tmp_path):
+    with pytest.raises(HfTuneError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(HfTuneError, match="mapping"):
+        load_recipe(path)
+    assert Path(REPO / "recipes" / "llm_lora.yaml").is_file()

@@ -1,0 +1,107 @@
+"""Real Trainer runs: a tiny random Llama for the fast paths, the embedded SmolLM2 for the real LoRA run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from conftest import DATA, REPO, SMOLLM2, chat_recipe, run_cli, write_recipe
+from hf_tune import load_recipe, train
+from hf_tune.chat import load_trained, reply
+
+
+def logged_losses(trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_full_fine_tune_of_a_tiny_llama_fills_the_run_folder(tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, eval_strategy="steps", eval_steps=2,
+                      hub_token="hf_SECRETSECRET")
+    raw["data"]["eval_split"] = 0.05
+    trainer = train(load_recipe(raw))
+    out = tmp_path / "run"
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "recipe.yaml",
+                 "train_results.json", "eval_results.json", "trainer_state.json"):
+        assert (out / name).is_file(), name
+    assert trainer.state.global_step == 3
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert saved["training"]["hub_token"] == "***" and "SECRET" not in (out / "recipe.yaml").read_text()
+    assert saved["model"]["pretrained_model_name_or_path"] == tiny_llama_dir
+    assert "eval_loss" in json.loads((out / "eval_results.json").read_text())
+    assert trainer.args.use_cpu  # set for a machine with no accelerator
+
+
+def test_lora_on_a_tiny_llama_trains_only_the_adapter(tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", activation_checkpointing=True)
+    raw["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    recipe = load_recipe(raw)
+    from hf_tune import build_model_and_tokenizer
+
+    model, _ = build_model_and_tokenizer(recipe)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    trainer = train(recipe)
+    after = dict(trainer.model.named_parameters())
+    changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert changed <= trainable  # the base model is frozen
+    assert (tmp_path / "run" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_plain_text_format_trains(tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run")
+    raw["data"] = {"format": "text", "train": {"path": str(DATA / "text_demo.jsonl")}, "max_length": 64}
+    trainer = train(load_recipe(raw))
+    assert all(math.isfinite(x) for x in logged_losses(trainer))
+
+
+@pytest.mark.slow
+def test_lora_on_embedded_smollm2_learns_and_the_saved_adapter_reloads_and_generates(tmp_path):
+    rows = [json.loads(line) for line in (DATA / "chat_demo.jsonl").read_text().splitlines()[:8]]
+    small = tmp_path / "overfit.jsonl"
+    small.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = chat_recipe(SMOLLM2, tmp_path / "run", max_steps=12, per_device_train_batch_size=4, learning_rate=2e-3,
+                      lr_scheduler_type="constant", logging_steps=2)
+    raw["data"]["train"]["path"] = str(small)
+    raw["lora"] = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
+    trainer = train(load_recipe(raw))
+    losses = logged_losses(trainer)
+    assert losses[-1] < 0.5 * losses[0], losses  # 8 examples seen 6 times: the loss must fall
+
+    model, tokenizer = load_trained(tmp_path / "run")
+    assert type(model).__name__.startswith("Peft")
+    batch = tokenizer.apply_chat_template(rows[0]["messages"], return_tensors="pt", return_dict=True)
+    trained_model = trainer.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits, trained_model(**batch).logits, atol=1e-4)
+    question = rows[0]["messages"][:-1]
+    answer = reply(model, tokenizer, question, max_new_tokens=64)
+    assert answer.strip()
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_the_same_module(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", chat_recipe(SMOLLM2, tmp_path / "run", max_steps=2))
+    yaml_text = recipe.read_text()
+    recipe.write_text(yaml_text + "lora:\n  r: 4\n  target_modules: [q_proj, v_proj]\n")
+    result = run_cli("accelerate", "launch", "--num_processes", "1", "-m", "hf_tune.run", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Run folder:" in result.stdout and "hf-tune chat" in result.stdout
+    state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert (tmp_path / "run" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_notebook_example_runs(tmp_path):
+    result = run_cli("python", "examples/notebook_api.py", "training.max_steps=2",
+                     f"training.output_dir={tmp_path / 'nb'}", "data.max_length=96")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trainable params" in result.stdout and "model says:" in result.stdout
+    assert (tmp_path / "nb" / "adapter_model.safetensors").is_file()
+    assert REPO.is_dir()
