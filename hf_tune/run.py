@@ -77,11 +77,21 @@ def main(argv: list[str] | None = None) -> None:
         recipe = load_recipe(args.recipe, args.overrides)
         trainer = train(recipe)
     if trainer.is_world_process_zero():
-        out = trainer.args.output_dir
-        loader = "AutoPeftModelForCausalLM (peft)" if recipe.lora is not None else "AutoModelForCausalLM"
-        print(f"\nRun folder: {out}\n  chat with it:  hf-tune chat {out}\n"
-              f"  load it:       {loader}.from_pretrained({str(out)!r})")
+        print(how_to_use(recipe, trainer.args.output_dir))
 
+
+def how_to_use(recipe: Recipe, output_dir: str) -> str:
+    if recipe.lora is not None:
+        loader = "from peft import AutoPeftModelForCausalLM as Auto" if recipe.model.task == "causal_lm" else \
+            "from peft import AutoPeftModelForSequenceClassification as Auto"
+    else:
+        loader = "from transformers import AutoModelForCausalLM as Auto" if recipe.model.task == "causal_lm" else \
+            "from transformers import AutoModelForSequenceClassification as Auto"
+    lines = [f"\nRun folder: {output_dir}"]
+    if recipe.model.task == "causal_lm":
+        lines.append(f"  chat with it:  hf-tune chat {output_dir}")
+    lines.append(f"  load it:       {loader}; model = Auto.from_pretrained({str(output_dir)!r})")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
