@@ -23,6 +23,22 @@ def _train(args) -> None:
     run_main([args.recipe, *args.overrides] + (["--debug"] if args.debug else []))
 
 
+def _plan(args) -> None:
+    from hf_tune.plan import format_plan, plan
+    from hf_tune.recipe import load_recipe
+
+    print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
+
+
+def _cv(args) -> None:
+    from hf_tune.cv import cross_validate
+    from hf_tune.recipe import load_recipe
+
+    result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
+    for name, stats in result["summary"].items():
+        print(f"{name}: {stats['mean']:.4f} ± {stats['std']:.4f}")
+
+
 def _chat(args) -> None:
     from hf_tune.chat import load_trained, reply
 
@@ -57,6 +73,19 @@ def main(argv: list[str] | None = None) -> None:
         v.add_argument("recipe")
         v.add_argument("overrides", nargs="*", help="section.key=value")
         v.set_defaults(func=func)
+
+    v = verbs.add_parser("plan", help="batch sizes, steps, optimizer groups and lr_schedule.png, without training")
+    v.add_argument("recipe")
+    v.add_argument("overrides", nargs="*", help="section.key=value")
+    v.add_argument("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)")
+    v.add_argument("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")
+    v.set_defaults(func=_plan)
+
+    v = verbs.add_parser("cv", help="stratified k-fold cross-validation of a classification recipe")
+    v.add_argument("recipe")
+    v.add_argument("overrides", nargs="*", help="section.key=value")
+    v.add_argument("--folds", type=int, default=5)
+    v.set_defaults(func=_cv)
 
     v = verbs.add_parser("chat", help="talk to a trained run (adapter or full model)")
     v.add_argument("run_dir")

@@ -36,12 +36,22 @@ def build_tokenizer(recipe: Recipe):
     return tokenizer
 
 
-def build_model(recipe: Recipe, tokenizer=None):
-    """The base model, wrapped by PEFT when the recipe has a ``lora`` section."""
+def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None):
+    """The base model, wrapped by PEFT when the recipe has a ``lora`` section. ``labels``: class names of a
+    classification recipe (default: read from its training data), stored in the config as id2label / label2id."""
     m = recipe.model
     path = resolve_model_path(m.pretrained_model_name_or_path)
     kwargs = {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
               "dtype": m.dtype, "attn_implementation": m.attn_implementation, "num_labels": m.num_labels}
+    if m.task == "sequence_classification" and recipe.data.format == "classification":
+        from hf_tune.data import dataset_labels
+
+        labels = labels or dataset_labels(recipe)
+        if m.num_labels is not None and m.num_labels != len(labels):
+            raise RecipeError("model.num_labels", f"is {m.num_labels} but data.train has {len(labels)} classes "
+                              f"({labels[:10]})", fix="remove model.num_labels: it is read from the data")
+        kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                      label2id={name: i for i, name in enumerate(labels)})
     model = _from_pretrained(MODEL_CLASSES[m.task], path, recipe, **{k: v for k, v in kwargs.items() if v is not None})
     drop_gguf_quantizer(model)
     if tokenizer is not None and model.config.pad_token_id is None:

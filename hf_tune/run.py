@@ -19,12 +19,15 @@ logger = logging.getLogger("hf_tune")
 
 def train(recipe: Recipe):
     """Build everything from the recipe, train, and fill the run folder. Returns the trainer."""
+    from transformers import set_seed
+
     from hf_tune.data import build_datasets
     from hf_tune.modeling import build_model_and_tokenizer
     from hf_tune.trainer import build_trainer
     from hf_tune.training_args import build_training_arguments
 
     args = build_training_arguments(recipe)
+    set_seed(args.seed)  # the model's freshly initialised weights (heads, LoRA) are seeded too
     model, tokenizer = build_model_and_tokenizer(recipe)
     train_dataset, eval_dataset = build_datasets(recipe, tokenizer, args)
     trainer = build_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args)

@@ -2,28 +2,69 @@
 
 from __future__ import annotations
 
+import math
+
 from transformers import Trainer, TrainingArguments
 
-from hf_tune.data import build_collator
+from hf_tune.errors import HfTuneError
+from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.loading import Recipe
+from hf_tune.recipe.schema import OptimSection
 
 
 class HfTuneTrainer(Trainer):
-    """``Trainer`` plus the recipe it was built from. Optimizer and schedule hooks (LLRD, warmup-cosine with a floor)
-    are added here through ``create_optimizer`` / ``create_scheduler``."""
+    """``Trainer`` whose optimizer gets hf_tune's parameter groups (decay / no decay, layer-wise LR decay, head LR).
 
-    def __init__(self, *args, recipe: Recipe | None = None, **kwargs):
+    The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
+    optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
+    scales each group from its own peak. Logs add the LR of the lowest and highest group, and eval perplexity for
+    causal LMs.
+    """
+
+    def __init__(self, *args, optim: OptimSection | None = None, report_perplexity: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.recipe = recipe
+        self.optim = optim or OptimSection()
+        self.report_perplexity = report_perplexity
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:  # rebuilt on every train() / search trial: nothing is consumed from the groups
+            opt_model = self.model if model is None else model
+            infos = recipe_param_infos(opt_model, self.optim, self.args.learning_rate, self.args.weight_decay)
+            optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            if {"params", "model", "optimizer_dict"} & kwargs.keys() or not isinstance(optimizer_cls, type):
+                raise HfTuneError(f"training.optim: {self.args.optim} builds its own parameter groups, so hf_tune's "
+                                  "groups (optim section) cannot apply\n  fix: use an AdamW/SGD-style optimizer")
+            self.optimizer = optimizer_cls(layerwise_param_groups(opt_model, infos), **kwargs)
+        return super().create_optimizer(model)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "learning_rate" in logs and self.optimizer is not None:
+            # Trainer logs group 0's LR as applied at this step; every group follows the same schedule factor,
+            # so the others are that LR times their peak ratio to group 0.
+            peaks = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
+            if peaks[0]:
+                logs["lr_min"] = logs["learning_rate"] * min(peaks) / peaks[0]
+                logs["lr_max"] = logs["learning_rate"] * max(peaks) / peaks[0]
+        if "eval_loss" in logs and self.report_perplexity:
+            logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
+        super().log(logs, start_time)
 
 
-def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments) -> HfTuneTrainer:
+def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
+                  **kwargs) -> HfTuneTrainer:
+    from hf_tune.data import build_collator
+    from hf_tune.evaluation import build_callbacks, build_compute_metrics
+
     return HfTuneTrainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=build_collator(tokenizer),
-        recipe=recipe,
+        data_collator=build_collator(recipe, tokenizer),
+        compute_metrics=build_compute_metrics(recipe.evaluation),
+        callbacks=build_callbacks(recipe.evaluation),
+        optim=recipe.optim,
+        report_perplexity=recipe.model.task == "causal_lm",
+        **kwargs,
     )

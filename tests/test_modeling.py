@@ -49,10 +49,12 @@ def test_embedded_smollm2_recipe_builds_a_trainable_lora_model(smol_dir):
     assert model.config.pad_token_id == tokenizer.pad_token_id
 
 
-def test_embedded_minilm_builds_a_sequence_classifier():
-    model, tokenizer = build_model_and_tokenizer(load_recipe(recipe_for("embedded:all-MiniLM-L6-v2",
-                                                                        task="sequence_classification", num_labels=3)))
+def test_embedded_minilm_builds_a_sequence_classifier_with_labels_from_the_data():
+    raw = recipe_for("embedded:all-MiniLM-L6-v2", task="sequence_classification")
+    raw["data"] = {"format": "classification", "train": {"path": str(DATA / "topics_train.jsonl")}}
+    model, tokenizer = build_model_and_tokenizer(load_recipe(raw))
     assert type(model).__name__ == "BertForSequenceClassification"
+    assert model.config.id2label == {0: "cooking", 1: "sports", 2: "technology", 3: "weather"}
     batch = tokenizer(["a short sentence", "another one"], return_tensors="pt", padding=True)
-    assert model(**batch).logits.shape == (2, 3)
+    assert model(**batch).logits.shape == (2, 4)
     assert not model.config.to_dict().get("trust_remote_code", False)

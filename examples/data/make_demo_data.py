@@ -4,6 +4,8 @@
   alpaca_demo.jsonl    40 instruction/input/output examples (the `instruction` format)
   sharegpt_demo.jsonl  40 ShareGPT conversations (from/value)
   text_demo.jsonl     200 short plain-text paragraphs (the `text` format)
+  topics_train.jsonl  320 sentences labelled sports / cooking / technology / weather (the `classification` format)
+  topics_test.jsonl    80 held-out sentences of the same four topics
 """
 
 from __future__ import annotations
@@ -121,6 +123,42 @@ def listing(rng):
              "\n".join(f"- {c}: {CAPITALS[c]}" for c in countries))]
 
 
+TOPICS = {
+    "sports": (["the striker", "our goalkeeper", "the coach", "the home team", "the tennis player", "the sprinter",
+                "the referee", "the captain"],
+               ["scored twice in the second half", "missed a penalty", "won the championship", "broke the record",
+                "trained hard before the final", "was substituted after an injury", "celebrated the victory",
+                "lost the match on penalties"],
+               ["at the stadium", "in the league", "during the tournament", "before kick-off"]),
+    "cooking": (["the chef", "my grandmother", "the baker", "our neighbour", "the cook", "the pastry chef",
+                 "my brother", "the restaurant"],
+                ["simmered the sauce for an hour", "baked fresh bread", "chopped the onions finely",
+                 "seasoned the soup with pepper", "roasted the vegetables", "whisked the eggs and sugar",
+                 "served a spicy curry", "fried the fish in butter"],
+                ["in the kitchen", "for dinner", "in the oven", "with fresh herbs"]),
+    "technology": (["the engineer", "the startup", "the developer", "our team", "the company", "the researcher",
+                    "the new laptop", "the software update"],
+                   ["released a faster processor", "fixed a bug in the app", "deployed the server to the cloud",
+                    "trained a neural network", "launched a new smartphone", "improved the battery life",
+                    "patched a security flaw", "wrote the code in Python"],
+                   ["last week", "for the users", "in the data centre", "with better encryption"]),
+    "weather": (["the forecast", "the storm", "the morning", "the weekend", "the wind", "the afternoon",
+                 "the sky", "the coast"],
+                ["brought heavy rain", "turned cold and foggy", "was sunny and warm", "brought snow to the hills",
+                 "cleared after the thunder", "was humid with a light drizzle", "had strong gusts",
+                 "stayed dry and bright"],
+                ["across the region", "near the mountains", "according to the meteorologist", "all day"]),
+}
+
+
+def topic_sentence(rng, topic: str) -> str:
+    subjects, verbs, tails = TOPICS[topic]
+    sentence = f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(tails)}"
+    opener = rng.choice(["", "Yesterday ", "I heard that ", "Apparently ", "Once again ", "This time "])
+    text = opener + sentence if opener else sentence
+    return text[0].upper() + text[1:] + "."
+
+
 TASKS = [arithmetic, capital, temperature, distance, word_task, sorting, animal, listing]
 
 
@@ -162,6 +200,10 @@ def main() -> None:
             f"A well-known fact: the {name} {fact2}. Scientists study the {name} in {habitat} habitats.",
         ])})
     write_jsonl("text_demo.jsonl", texts)
+    topics = [{"text": topic_sentence(rng, t), "label": t} for _ in range(100) for t in sorted(TOPICS)]
+    rng.shuffle(topics)
+    write_jsonl("topics_train.jsonl", topics[:320])
+    write_jsonl("topics_test.jsonl", topics[320:])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
   instruction        instruction, input (optional), output, system (optional)      (alpaca)
   prompt_completion  prompt, completion: plain strings, or lists of messages
   text               text: trained on every token
+  classification     text, text_pair (optional), label (a string or an integer)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ FORMAT_COLUMNS = {
     "instruction": ("instruction", "output"),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
+    "classification": ("text", "label"),
 }
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
                   "tool": "tool", "function_call": "assistant", "observation": "tool"}

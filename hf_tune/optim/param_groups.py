@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import torch
 from torch import nn
 
 from hf_tune.errors import HfTuneError
@@ -111,9 +110,3 @@ def group_summary(infos: list[ParamInfo]) -> list[dict]:
         row["tensors"] += 1
     return [rows[key] for key in sorted(rows)]
 
-
-def param_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-__all__ = ["ParamInfo", "describe_parameters", "find_blocks", "group_summary", "layerwise_param_groups", "torch"]

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.recipe.schema import SECTIONS, DataSection, ModelSection
+from hf_tune.recipe.schema import SECTIONS, DataSection, EvaluationSection, ModelSection, OptimSection
 from hf_tune.recipe.upstream import check_training_values, check_upstream_kwargs, did_you_mean
 
 LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -54,6 +54,8 @@ class Recipe:
     data: DataSection
     training: dict[str, Any]
     lora: dict[str, Any] | None = None
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    evaluation: EvaluationSection = dataclasses.field(default_factory=EvaluationSection)
     source: Path | None = None
 
     @property
@@ -67,6 +69,8 @@ class Recipe:
             "lora": copy.deepcopy(self.lora),
             "data": self.data.model_dump(exclude_none=True),
             "training": copy.deepcopy(self.training),
+            "optim": self.optim.model_dump(exclude_none=True),
+            "evaluation": self.evaluation.model_dump(exclude_none=True),
         }
         return {k: v for k, v in resolved.items() if v is not None}
 
@@ -119,6 +123,8 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
             raise RecipeError(section, "required section is missing")
     model = _parse_section(ModelSection, raw["model"], "model")
     data = _parse_section(DataSection, raw["data"], "data")
+    optim = _parse_section(OptimSection, raw.get("optim") or {}, "optim")
+    evaluation = _parse_section(EvaluationSection, raw.get("evaluation") or {}, "evaluation")
 
     from peft import LoraConfig
     from transformers import TrainingArguments
@@ -130,11 +136,13 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     check_training_values(training)
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
-    recipe = Recipe(model=model, data=data, training=training, lora=lora, source=source)
+    recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
+                    source=source)
     _check_files(recipe)
-    if str(training.get("eval_strategy", "no")) != "no" and data.eval is None and data.eval_split is None:
-        raise RecipeError("training.eval_strategy", f"is {training['eval_strategy']!r} but the recipe has no eval data",
-                          fix="set data.eval (a file) or data.eval_split (e.g. 0.05), or training.eval_strategy: 'no'")
+    from hf_tune.recipe.checks import check_consistency, resolve_schedule
+
+    check_consistency(recipe, optim_given="optim" in raw)
+    resolve_schedule(recipe)
 
     from hf_tune.training_args import build_training_arguments
 

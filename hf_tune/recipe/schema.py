@@ -5,13 +5,15 @@ Sections:
   lora      -> ``peft.LoraConfig`` keyword arguments, verbatim; absent = full fine-tune
   data      -> ``datasets.load_dataset`` arguments plus format / rendering keys   (ours: DataSection)
   training  -> ``transformers.TrainingArguments`` keyword arguments, verbatim
+  optim     -> parameter groups (decay / no decay, layer-wise LR decay) and the schedule floor (ours: OptimSection)
+  evaluation-> metrics and early stopping                                      (ours: EvaluationSection)
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 
 class _Section(BaseModel):
@@ -50,7 +52,7 @@ class DataSection(_Section):
     train: DatasetSource
     eval: DatasetSource | None = None
     eval_split: float | None = Field(default=None, gt=0, lt=1, description="fraction of train held out for eval")
-    format: Literal["chat", "instruction", "prompt_completion", "text"] = "chat"
+    format: Literal["chat", "instruction", "prompt_completion", "text", "classification"] = "chat"
     max_length: PositiveInt = 1024
     chat_template: str | None = Field(
         default=None, description="Jinja template text or a path to a .jinja file; default: the tokenizer's own"
@@ -64,4 +66,22 @@ class DataSection(_Section):
         return self
 
 
-SECTIONS = ("model", "lora", "data", "training")
+class OptimSection(_Section):
+    """Optimizer groups and LR schedule (our keys). The optimizer class still comes from ``training.optim``."""
+
+    layerwise_lr_decay: float = Field(default=1.0, gt=0, le=1, description="LR x decay per layer below the top; 1 = off")
+    head_lr: PositiveFloat | None = Field(default=None, description="LR of everything after the last block")
+    no_decay: list[str] | None = Field(
+        default=None, description="regexes of parameter names without weight decay; default: biases, norms, embeddings")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="floor of the cosine schedule, x each group's peak")
+
+
+class EvaluationSection(_Section):
+    """Metrics computed at each evaluation, and early stopping (``EarlyStoppingCallback`` arguments)."""
+
+    metrics: list[str] = Field(default_factory=list, description="accuracy, f1 (macro), or a path to an evaluate module")
+    early_stopping_patience: PositiveInt | None = None
+    early_stopping_threshold: float = Field(default=0.0, ge=0)
+
+
+SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation")

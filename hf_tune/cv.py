@@ -1,0 +1,59 @@
+"""``hf-tune cv``: stratified, seeded k-fold cross-validation of a classification recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hf_tune.errors import RecipeError
+from hf_tune.recipe.loading import Recipe
+
+
+def cross_validate(recipe: Recipe, folds: int) -> dict:
+    """Train ``folds`` models, each evaluated on its held-out fold of data.train; write per-fold metrics and
+    mean ± std to ``output_dir/cv_results.json`` (fold runs in ``output_dir/fold-K``)."""
+    from sklearn.model_selection import StratifiedKFold
+    from transformers import set_seed
+
+    from hf_tune.data import data_seed, tokenize
+    from hf_tune.data.classification import label_names
+    from hf_tune.data.loading import load_source
+    from hf_tune.modeling import build_model, build_tokenizer
+    from hf_tune.trainer import build_trainer
+    from hf_tune.training_args import build_training_arguments
+
+    if recipe.data.format != "classification":
+        raise RecipeError("data.format", "cross-validation stratifies by label: it needs format 'classification'")
+    if folds < 2:
+        raise RecipeError("--folds", f"needs at least 2 folds, got {folds}")
+    out = recipe.output_dir
+    tokenizer = build_tokenizer(recipe)
+    raw = load_source(recipe.data.train, "data.train")
+    labels = label_names(raw)
+    dataset = tokenize(recipe, tokenizer, raw, "data.train", labels)
+    targets = np.asarray(dataset["labels"])
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=data_seed(recipe))
+
+    per_fold = []
+    for k, (train_idx, eval_idx) in enumerate(splitter.split(np.zeros(len(targets)), targets)):
+        fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(out / f"fold-{k}")})
+        args = build_training_arguments(fold)
+        set_seed(args.seed)
+        model = build_model(fold, tokenizer, labels)
+        trainer = build_trainer(fold, model, tokenizer, dataset.select(train_idx), dataset.select(eval_idx), args)
+        trainer.train()
+        metrics = trainer.evaluate()
+        trainer.save_metrics("eval", metrics)
+        per_fold.append({"fold": k, "train_examples": len(train_idx), "eval_examples": len(eval_idx), **metrics})
+
+    names = [key for key in per_fold[0] if key.startswith("eval_") and "runtime" not in key and "per_second" not in key]
+    summary = {name: {"mean": float(np.mean([f[name] for f in per_fold])),
+                      "std": float(np.std([f[name] for f in per_fold]))} for name in names}
+    result = {"folds": folds, "seed": data_seed(recipe), "labels": labels, "per_fold": per_fold, "summary": summary}
+    if trainer.is_world_process_zero():
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "cv_results.json").write_text(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,98 @@
+"""``hf-tune plan``: batch sizes, step counts, optimizer groups and the LR schedule of a recipe, without training."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from hf_tune.optim import group_summary, recipe_param_infos
+from hf_tune.recipe.loading import Recipe
+
+
+def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int, world_size: int) -> int:
+    """Optimizer steps per epoch as Trainer counts them: accelerate shards ceil(n / batch) batches over the ranks
+    (padding the last round), and a partial accumulation window at the end of an epoch still steps."""
+    batches_per_rank = math.ceil(math.ceil(num_examples / per_device_batch) / world_size)
+    return max(math.ceil(batches_per_rank / accumulation), 1)
+
+
+def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
+    """Everything the run will do, computed with the real model, data, optimizer and scheduler. Writes
+    ``lr_schedule.png`` (one line per optimizer group) into ``out_dir`` (default: the run's output_dir)."""
+    from transformers import set_seed
+
+    from hf_tune.data import build_datasets
+    from hf_tune.modeling import build_model_and_tokenizer
+    from hf_tune.trainer import build_trainer
+    from hf_tune.training_args import build_training_arguments
+
+    args = build_training_arguments(recipe)
+    set_seed(args.seed)
+    model, tokenizer = build_model_and_tokenizer(recipe)
+    train_dataset, eval_dataset = build_datasets(recipe, tokenizer)
+    world = world_size or args.world_size
+    per_epoch = steps_per_epoch(len(train_dataset), args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
+    total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+    infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
+
+    trainer = build_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=total)
+    groups = trainer.optimizer.param_groups
+    curves = [[] for _ in groups]
+    for _ in range(total):  # the LR each optimizer step will use, from the real scheduler
+        for curve, group in zip(curves, groups):
+            curve.append(group["lr"])
+        trainer.optimizer.step()  # no gradients: a no-op that keeps the scheduler's order check quiet
+        trainer.lr_scheduler.step()
+
+    result = {
+        "examples": len(train_dataset),
+        "world_size": world,
+        "effective_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+        "steps_per_epoch": per_epoch,
+        "total_steps": total,
+        "warmup_steps": args.get_warmup_steps(total),
+        "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+        "groups": group_summary(infos),
+        "trainable_params": sum(info.numel for info in infos),
+    }
+    out = Path(out_dir or args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / "lr_schedule.png"))
+    return result
+
+
+def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for curve, group in zip(curves, groups):
+        depths = group.get("depths", [])
+        where = f"depth {min(depths)}" + (f"-{max(depths)}" if len(set(depths)) > 1 else "") if depths else "group"
+        ax.plot(range(len(curve)), curve, label=f"{where}, wd {group['weight_decay']:g}",
+                linestyle="--" if group["weight_decay"] == 0 else "-")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.set_title("Learning rate per optimizer group")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def format_plan(result: dict) -> str:
+    lines = [f"examples: {result['examples']}   world size: {result['world_size']}   "
+             f"effective batch: {result['effective_batch_size']}",
+             f"steps per epoch: {result['steps_per_epoch']}   total steps: {result['total_steps']}   "
+             f"warmup steps: {result['warmup_steps']}   schedule: {result['lr_scheduler_type']}",
+             f"trainable parameters: {result['trainable_params']:,}", "",
+             f"{'depth':>5} {'decay':>5} {'tensors':>7} {'params':>12} {'peak lr':>11} {'wd':>6}"]
+    for row in result["groups"]:
+        lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
+                     f"{row['params']:>12,} {row['lr']:>11.3e} {row['weight_decay']:>6g}")
+    lines.append(f"\nLR schedule plot: {result['lr_schedule_png']}")
+    return "\n".join(lines)

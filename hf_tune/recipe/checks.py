@@ -1,0 +1,92 @@
+"""Checks across sections, made when the recipe loads: contradictions that would otherwise surface hours later."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hf_tune.errors import RecipeError
+from hf_tune.recipe.loading import Recipe
+
+COSINE_SCHEDULES = ("cosine", "cosine_with_min_lr")
+
+
+def check_consistency(recipe: Recipe, optim_given: bool) -> None:
+    training, data = recipe.training, recipe.data
+    evaluating = str(training.get("eval_strategy", "no")) != "no"
+    if evaluating and data.eval is None and data.eval_split is None:
+        raise RecipeError("training.eval_strategy", f"is {training['eval_strategy']!r} but the recipe has no eval data",
+                          fix="set data.eval (a file) or data.eval_split (e.g. 0.05), or training.eval_strategy: 'no'")
+    classifying = recipe.model.task == "sequence_classification"
+    if classifying != (data.format == "classification"):
+        raise RecipeError("data.format", f"format {data.format!r} does not fit model.task {recipe.model.task!r}",
+                          fix="use data.format: classification with model.task: sequence_classification, "
+                          "and a text format (chat, instruction, prompt_completion, text) with causal_lm")
+    if recipe.evaluation.metrics and not classifying:
+        raise RecipeError("evaluation.metrics", "metrics are computed for sequence_classification; a causal LM's "
+                          "evaluation reports eval_loss and eval_perplexity", fix="remove evaluation.metrics")
+    from hf_tune.evaluation import metric_path
+
+    for name in recipe.evaluation.metrics:
+        metric_path(name)
+    _check_early_stopping(recipe, evaluating)
+    _check_deepspeed(recipe, optim_given)
+
+
+def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
+    training, evaluation = recipe.training, recipe.evaluation
+    best = training.get("metric_for_best_model")
+    if best:
+        name = best.removeprefix("eval_")
+        if name != "loss" and name not in [m.removesuffix(".py").rsplit("/", 1)[-1] for m in evaluation.metrics]:
+            raise RecipeError("training.metric_for_best_model", f"{best!r} is not computed at evaluation",
+                              fix=f"add {name!r} to evaluation.metrics, or use 'loss'")
+    if evaluation.early_stopping_patience is None:
+        return
+    if not (evaluating and best and training.get("load_best_model_at_end")):
+        raise RecipeError("evaluation.early_stopping_patience", "early stopping needs periodic evaluation and a metric",
+                          fix="set training.eval_strategy (steps or epoch), training.metric_for_best_model, "
+                          "training.load_best_model_at_end: true (and greater_is_better for metrics such as accuracy)")
+
+
+def _check_deepspeed(recipe: Recipe, optim_given: bool) -> None:
+    config = recipe.training.get("deepspeed")
+    if not config:
+        return
+    if isinstance(config, str):
+        path = Path(config)
+        if not path.is_file():
+            raise RecipeError("training.deepspeed", f"file not found: {config}")
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise RecipeError("training.deepspeed", f"{path} is not valid JSON: {err}") from None
+    if optim_given and "optimizer" in config:
+        raise RecipeError("training.deepspeed", "the DeepSpeed config has an 'optimizer' block, which replaces the "
+                          "optimizer and so silently drops the optim section (layer-wise LR decay, no-decay groups)",
+                          fix="remove the 'optimizer' block from the DeepSpeed JSON: Trainer then builds the "
+                          "optimizer from training.optim and hf_tune's groups, and DeepSpeed steps it")
+    if optim_given and "scheduler" in config:
+        raise RecipeError("training.deepspeed", "the DeepSpeed config has a 'scheduler' block, which replaces the "
+                          "warmup-cosine schedule", fix="remove the 'scheduler' block from the DeepSpeed JSON")
+
+
+def resolve_schedule(recipe: Recipe) -> None:
+    """Default schedule: linear warmup, then cosine down to ``optim.min_lr_ratio`` x each group's peak LR.
+
+    That is upstream's ``cosine_with_min_lr`` with ``min_lr_rate``: a ratio, so each LLRD group keeps its own floor.
+    Written into ``training`` so the resolved recipe shows it.
+    """
+    training, ratio = recipe.training, recipe.optim.min_lr_ratio
+    kind = str(training.get("lr_scheduler_type", "cosine_with_min_lr"))
+    if kind not in COSINE_SCHEDULES:
+        if ratio:
+            raise RecipeError("optim.min_lr_ratio", f"is a floor for the cosine schedule, but "
+                              f"training.lr_scheduler_type is {kind!r}", fix="remove optim.min_lr_ratio, or use cosine")
+        return
+    kwargs = dict(training.get("lr_scheduler_kwargs") or {})
+    if "min_lr" in kwargs or ("min_lr_rate" in kwargs and kwargs["min_lr_rate"] != ratio and ratio):
+        raise RecipeError("training.lr_scheduler_kwargs", "sets the floor of the schedule; so does optim.min_lr_ratio",
+                          fix="set only optim.min_lr_ratio (a ratio of each group's peak LR)")
+    kwargs["min_lr_rate"] = kwargs.get("min_lr_rate", ratio)
+    training["lr_scheduler_type"], training["lr_scheduler_kwargs"] = "cosine_with_min_lr", kwargs
