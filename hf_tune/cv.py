@@ -47,9 +47,12 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
         trainer.train()
         metrics = trainer.evaluate()
         trainer.save_metrics("eval", metrics)
-        per_fold.append({"fold": k, "train_examples": len(train_idx), "eval_examples": len(eval_idx), **metrics})
+        counts = np.bincount(targets[eval_idx], minlength=len(labels))
+        per_fold.append({"fold": k, "train_examples": len(train_idx), "eval_examples": len(eval_idx),
+                         "eval_label_counts": dict(zip(labels, counts.tolist())), **metrics})
 
-    names = [key for key in per_fold[0] if key.startswith("eval_") and "runtime" not in key and "per_second" not in key]
+    names = [key for key, value in per_fold[0].items() if key.startswith("eval_") and isinstance(value, float)
+             and "runtime" not in key and "per_second" not in key]
     summary = {name: {"mean": float(np.mean([f[name] for f in per_fold])),
                       "std": float(np.std([f[name] for f in per_fold]))} for name in names}
     result = {"folds": folds, "seed": data_seed(recipe), "labels": labels, "per_fold": per_fold, "summary": summary}

@@ -236,3 +236,45 @@ def test_plan_counts_the_steps_the_run_takes_and_writes_the_schedule_plot(tmp_pa
     assert plan(recipe, world_size=4, out_dir=tmp_path / "plan4")["steps_per_epoch"] == 1  # ceil(ceil(7/4)/3)
     trainer = train(recipe)
     assert trainer.state.global_step == result["total_steps"]
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
+    """Single-process DeepSpeed on CPU (the multi-process runs belong to the DeepSpeed launcher tests)."""
+    import collections
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from conftest import REPO
+
+    config = tmp_path / "zero2.json"  # no optimizer / scheduler block: Trainer builds both, DeepSpeed steps them
+    config.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
+                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "gradient_clipping": "auto"}))
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=2, learning_rate=BASE_LR, weight_decay=WD,
+                      deepspeed=str(config))
+    raw["optim"] = {"layerwise_lr_decay": 0.5}
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(json.dumps(raw))  # JSON is YAML
+    report_path = tmp_path / "report.json"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "1", "--master_port", "29533",
+                             str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path), str(report_path)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["deepspeed"] and report["engine"] == "DeepSpeedEngine" and "Zero" in report["wrapper"]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    want = collections.Counter()
+    for name, p in model.named_parameters():
+        want[expected(name, "llama", 2, 0.5)] += p.numel()
+    got = {(g["initial_lr"], g["weight_decay"]): g["numel"] for g in report["groups"]}
+    assert len(got) == len(want) == 6
+    for key, numel in want.items():  # ZeRO flattens each group, padding it to its alignment
+        match = [n for (lr, wd), n in got.items() if lr == pytest.approx(key[0]) and wd == key[1]]
+        assert len(match) == 1 and numel <= match[0] < numel + 64, (key, numel, match)
