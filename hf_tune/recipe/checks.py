@@ -31,6 +31,26 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
         metric_path(name)
     _check_early_stopping(recipe, evaluating)
     _check_deepspeed(recipe, optim_given)
+    _check_push(recipe)
+
+
+def _check_push(recipe: Recipe) -> None:
+    """A push at the end of hours of training must not be the first contact with the Hub."""
+    if not recipe.training.get("push_to_hub"):
+        return
+    from huggingface_hub import constants, get_token
+
+    from hf_tune.hub import hub_is_reachable
+
+    if not (recipe.training.get("hub_token") or get_token()):
+        raise RecipeError("training.push_to_hub", "asks for a push, but no Hugging Face token is configured",
+                          fix="export HF_TOKEN=... (or `hf auth login`), or set training.push_to_hub: false and push "
+                          "later with `hf-tune push RUN_DIR --repo-id OWNER/NAME`")
+    if not hub_is_reachable():
+        raise RecipeError("training.push_to_hub", f"asks for a push, but the Hub ({constants.ENDPOINT}) cannot be "
+                          "reached (offline, or HF_HUB_OFFLINE is set)",
+                          fix="set training.push_to_hub: false and push later with `hf-tune push RUN_DIR --repo-id "
+                          "OWNER/NAME` from a machine online")
 
 
 def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:

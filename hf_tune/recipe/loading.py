@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.recipe.schema import SECTIONS, DataSection, EvaluationSection, ModelSection, OptimSection
+from hf_tune.recipe.schema import SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection
 from hf_tune.recipe.upstream import check_training_values, check_upstream_kwargs, did_you_mean
 
 LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -56,6 +56,7 @@ class Recipe:
     lora: dict[str, Any] | None = None
     optim: OptimSection = dataclasses.field(default_factory=OptimSection)
     evaluation: EvaluationSection = dataclasses.field(default_factory=EvaluationSection)
+    hub: HubSection = dataclasses.field(default_factory=HubSection)
     source: Path | None = None
 
     @property
@@ -71,6 +72,7 @@ class Recipe:
             "training": copy.deepcopy(self.training),
             "optim": self.optim.model_dump(exclude_none=True),
             "evaluation": self.evaluation.model_dump(exclude_none=True),
+            "hub": self.hub.model_dump(exclude_none=True),
         }
         return {k: v for k, v in resolved.items() if v is not None}
 
@@ -125,6 +127,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     data = _parse_section(DataSection, raw["data"], "data")
     optim = _parse_section(OptimSection, raw.get("optim") or {}, "optim")
     evaluation = _parse_section(EvaluationSection, raw.get("evaluation") or {}, "evaluation")
+    hub = _parse_section(HubSection, raw.get("hub") or {}, "hub")
 
     from peft import LoraConfig
     from transformers import TrainingArguments
@@ -137,7 +140,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    source=source)
+                    hub=hub, source=source)
     _check_files(recipe)
     from hf_tune.recipe.checks import check_consistency, resolve_schedule
 

@@ -7,6 +7,7 @@ Sections:
   training  -> ``transformers.TrainingArguments`` keyword arguments, verbatim
   optim     -> parameter groups (decay / no decay, layer-wise LR decay) and the schedule floor (ours: OptimSection)
   evaluation-> metrics and early stopping                                      (ours: EvaluationSection)
+  hub       -> model-card metadata                                             (ours: HubSection)
 """
 
 from __future__ import annotations
@@ -84,4 +85,11 @@ class EvaluationSection(_Section):
     early_stopping_threshold: float = Field(default=0.0, ge=0)
 
 
-SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation")
+class HubSection(_Section):
+    """Model-card metadata for ``hf-tune push`` and ``training.push_to_hub`` (the push itself uses upstream keys)."""
+
+    license: str | None = Field(default=None, description="e.g. apache-2.0; default: the base model's, where known")
+    tags: list[str] = Field(default_factory=list, description="extra tags; hf_tune and lora are added")
+
+
+SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub")

@@ -1,0 +1,96 @@
+"""The README.md model card of a run: Hub metadata (``huggingface_hub.ModelCardData``) and a body written from the
+run folder (resolved recipe, metrics). Secrets never reach it: the run's recipe.yaml is already redacted."""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+from huggingface_hub import ModelCard, ModelCardData
+
+from hf_tune.embedded import EMBEDDED_MODELS, PREFIX
+from hf_tune.recipe.loading import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path, redact_secrets
+
+VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
+PIPELINE_TAGS = {"causal_lm": "text-generation", "sequence_classification": "text-classification"}
+
+
+def base_model_id(name: str) -> str | None:
+    """The Hub id of the base model, where there is one (embedded models map to theirs; local folders have none)."""
+    if name.startswith(PREFIX):
+        wanted = name.removeprefix(PREFIX).lower()
+        return next((m.hub_id for key, m in EMBEDDED_MODELS.items() if key.lower() == wanted), None)
+    return None if looks_like_local_path(name) else name
+
+
+def _hub_datasets(data: dict) -> list[str]:
+    sources = [data.get("train") or {}, data.get("eval") or {}]
+    return sorted({s["path"] for s in sources if s.get("path") and s["path"] not in PACKAGED_BUILDERS
+                   and Path(s["path"]).suffix not in LOCAL_DATA_SUFFIXES and not looks_like_local_path(s["path"])})
+
+
+def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False) -> ModelCard:
+    run_dir = Path(run_dir)
+    recipe = redact_secrets(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
+    model, training, data = recipe["model"], recipe.get("training", {}), recipe.get("data", {})
+    lora = recipe.get("lora") is not None and not merged
+    task = model.get("task", "causal_lm")
+    base = base_model_id(model["pretrained_model_name_or_path"])
+    metrics = {}
+    for name in ("train_results.json", "eval_results.json"):
+        if (run_dir / name).is_file():
+            metrics.update(json.loads((run_dir / name).read_text()))
+    tags = ["hf_tune", *(["lora"] if recipe.get("lora") is not None else []), *recipe.get("hub", {}).get("tags", [])]
+    card_data = ModelCardData(
+        base_model=base, library_name="peft" if lora else "transformers", license=recipe.get("hub", {}).get("license"),
+        datasets=_hub_datasets(data) or None, tags=tags, pipeline_tag=PIPELINE_TAGS[task],
+    )
+    hyper = {k: training[k] for k in ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+                                      "gradient_accumulation_steps", "warmup_steps", "weight_decay",
+                                      "lr_scheduler_type", "optim", "seed") if k in training}
+    hyper.update({f"lora.{k}": v for k, v in (recipe.get("lora") or {}).items()})
+    hyper.update({f"optim.{k}": v for k, v in recipe.get("optim", {}).items()})
+    train_source = data.get("train", {}).get("path", "?")
+    body = [
+        f"# {repo_id.split('/')[-1]}", "",
+        f"{'A LoRA adapter for' if lora else 'A fine-tune of'} `{base or model['pretrained_model_name_or_path']}`"
+        f"{' (merged into the base weights)' if merged else ''}, trained with "
+        f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.replace('_', ' ')}.", "",
+        "## Training data", "",
+        f"`{train_source}` in the `{data.get('format', 'chat')}` format, up to {data.get('max_length')} tokens per example"
+        + (f"; evaluation on `{data['eval']['path']}`." if data.get("eval") else
+           f"; {data['eval_split']:.0%} held out for evaluation." if data.get("eval_split") else "."), "",
+        "## Hyperparameters", "", "| key | value |", "|---|---|",
+        *[f"| {k} | {v} |" for k, v in hyper.items()], "",
+        "## Results", "", "| metric | value |", "|---|---|",
+        *[f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
+        "## Usage", "", "```python", *_usage(repo_id, lora, task), "```", "",
+        "## Reproduce", "", "Save the recipe below as `recipe.yaml`, then:", "", "```bash",
+        "pip install hf_tune", "accelerate launch -m hf_tune.run recipe.yaml", "```", "",
+        "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
+        "## Framework versions", "", *[f"- {name} {_version(name)}" for name in VERSIONS], "",
+    ]
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(body))
+
+
+def _usage(repo_id: str, lora: bool, task: str) -> list[str]:
+    auto = "AutoModelForCausalLM" if task == "causal_lm" else "AutoModelForSequenceClassification"
+    lines = ([f"from peft import AutoPeft{auto.removeprefix('Auto')}", "from transformers import AutoTokenizer", "",
+              f"model = AutoPeft{auto.removeprefix('Auto')}.from_pretrained({repo_id!r})"] if lora else
+             [f"from transformers import {auto}, AutoTokenizer", "", f"model = {auto}.from_pretrained({repo_id!r})"])
+    lines.append(f"tokenizer = AutoTokenizer.from_pretrained({repo_id!r})")
+    if task == "causal_lm":
+        lines += ['messages = [{"role": "user", "content": "Hello!"}]',
+                  "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
+                  "return_dict=True)",
+                  "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0]))"]
+    return lines
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
