@@ -14,6 +14,7 @@ from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.modeling import build_model_and_tokenizer
 from hf_tune.recipe import Recipe, load_recipe
 from hf_tune.run import train
+from hf_tune.search import search  # the function; `python -m hf_tune.search` still runs the module
 from hf_tune.trainer import HfTuneTrainer, build_trainer
 from hf_tune.training_args import build_training_arguments
 
@@ -28,5 +29,6 @@ __all__ = [
     "build_trainer",
     "build_training_arguments",
     "load_recipe",
+    "search",
     "train",
 ]

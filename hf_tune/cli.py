@@ -39,6 +39,13 @@ def _cv(args) -> None:
         print(f"{name}: {stats['mean']:.4f} ± {stats['std']:.4f}")
 
 
+def _search(args) -> None:
+    from hf_tune.recipe import load_recipe
+    from hf_tune.search import format_summary, search
+
+    print(format_summary(search(load_recipe(args.recipe, args.overrides))))
+
+
 def _merge(args) -> None:
     from hf_tune.hub import merge
 
@@ -103,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("overrides", nargs="*", help="section.key=value")
     v.add_argument("--folds", type=int, default=5)
     v.set_defaults(func=_cv)
+
+    v = verbs.add_parser("search", help="hyperparameter search from the recipe's search section (Optuna)")
+    v.add_argument("recipe")
+    v.add_argument("overrides", nargs="*", help="section.key=value")
+    v.set_defaults(func=_search)
 
     v = verbs.add_parser("merge", help="merge a LoRA run's adapter into its base model")
     v.add_argument("run_dir")

@@ -32,6 +32,59 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     _check_early_stopping(recipe, evaluating)
     _check_deepspeed(recipe, optim_given)
     _check_push(recipe)
+    if recipe.search is not None:
+        _check_search(recipe, evaluating)
+
+
+SEARCHABLE_SECTIONS = ("training", "lora", "optim", "model")
+
+
+def _check_search(recipe: Recipe, evaluating: bool) -> None:
+    """Every space key is a valid recipe key (checked by validating the recipe with a sample value), every metric is
+    one the run produces, and the pruner has evaluations to prune on."""
+    from hf_tune.errors import HfTuneError
+    from hf_tune.recipe.loading import apply_values, validate_recipe
+
+    search = recipe.search
+    base = {k: v for k, v in recipe.to_dict().items() if k != "search"}
+    for key, dist in search.space.items():
+        path = f"search.space.{key}"
+        section = key.split(".")[0]
+        if "." not in key or section not in SEARCHABLE_SECTIONS:
+            raise RecipeError(path, f"cannot be searched: keys of {', '.join(SEARCHABLE_SECTIONS)} can "
+                              "(data keys would need the data tokenized again for every trial)")
+        if section == "lora" and recipe.lora is None:
+            raise RecipeError(path, "the recipe has no lora section", fix="add a lora section to search its keys")
+        sample = dist.choices[0] if dist.type == "categorical" else int(dist.low) if dist.type == "int" else dist.low
+        try:
+            validate_recipe(apply_values(base, {key: sample}))
+        except HfTuneError as err:
+            raise RecipeError(path, str(err)) from None
+        if search.sampler == "grid" and dist.type == "float" and dist.step is None:
+            raise RecipeError(path, "the grid sampler needs a finite grid", fix="give it a step, or make it categorical")
+    metrics = search_metrics(search)
+    produced = {"eval_loss", "trainable_params", *(f"eval_{m}" for m in recipe.evaluation.metrics)}
+    if recipe.model.task == "causal_lm":
+        produced.add("eval_perplexity")
+    for metric in metrics:
+        if metric not in produced:
+            raise RecipeError("search.metric", f"{metric!r} is never produced by this recipe",
+                              fix=f"use one of {sorted(produced)}")
+    if isinstance(search.directions, list) and len(search.directions) != len(metrics):
+        raise RecipeError("search.directions", f"has {len(search.directions)} entries for {len(metrics)} metrics")
+    if recipe.data.eval is None and recipe.data.eval_split is None:
+        raise RecipeError("search", "trials are compared on eval data, and the recipe has none",
+                          fix="set data.eval or data.eval_split")
+    if search.pruner != "none":
+        if len(metrics) > 1:
+            raise RecipeError("search.pruner", "Optuna cannot prune multi-objective studies", fix="set pruner: none")
+        if not evaluating:
+            raise RecipeError("search.pruner", "pruning needs evaluations during each trial",
+                              fix="set training.eval_strategy: steps (and eval_steps), or search.pruner: none")
+
+
+def search_metrics(search) -> list[str]:
+    return search.metric if isinstance(search.metric, list) else [search.metric]
 
 
 def _check_push(recipe: Recipe) -> None:

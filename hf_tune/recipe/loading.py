@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.recipe.schema import SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection
+from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
+                                   SearchSection)
 from hf_tune.recipe.upstream import check_training_values, check_upstream_kwargs, did_you_mean
 
 LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -57,6 +58,7 @@ class Recipe:
     optim: OptimSection = dataclasses.field(default_factory=OptimSection)
     evaluation: EvaluationSection = dataclasses.field(default_factory=EvaluationSection)
     hub: HubSection = dataclasses.field(default_factory=HubSection)
+    search: SearchSection | None = None
     source: Path | None = None
 
     @property
@@ -73,6 +75,7 @@ class Recipe:
             "optim": self.optim.model_dump(exclude_none=True),
             "evaluation": self.evaluation.model_dump(exclude_none=True),
             "hub": self.hub.model_dump(exclude_none=True),
+            "search": self.search.model_dump(exclude_none=True) if self.search else None,
         }
         return {k: v for k, v in resolved.items() if v is not None}
 
@@ -104,16 +107,29 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         parts = dotted.strip().split(".")
         if not sep or len(parts) < 2 or not all(parts):
             raise RecipeError(f"override {item!r}", "expected section.key=value", fix="e.g. training.learning_rate=1e-4")
-        node = raw
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                raise RecipeError(dotted, f"cannot set a key inside '{part}', which holds {child!r}")
-            node = child
-        node[parts[-1]] = read_yaml(text) if text.strip() else None
+        _set_dotted(raw, dotted.strip(), read_yaml(text) if text.strip() else None)
     return raw
+
+
+def apply_values(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``raw`` with dotted keys set to already-typed values (search trials, best recipes)."""
+    raw = copy.deepcopy(raw)
+    for dotted, value in values.items():
+        _set_dotted(raw, dotted, value)
+    return raw
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise RecipeError(dotted, f"cannot set a key inside '{part}', which holds {child!r}")
+        node = child
+    node[leaf] = value
 
 
 def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
@@ -128,6 +144,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     optim = _parse_section(OptimSection, raw.get("optim") or {}, "optim")
     evaluation = _parse_section(EvaluationSection, raw.get("evaluation") or {}, "evaluation")
     hub = _parse_section(HubSection, raw.get("hub") or {}, "hub")
+    search = _parse_section(SearchSection, raw["search"], "search") if raw.get("search") is not None else None
 
     from peft import LoraConfig
     from transformers import TrainingArguments
@@ -140,7 +157,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    hub=hub, source=source)
+                    hub=hub, search=search, source=source)
     _check_files(recipe)
     from hf_tune.recipe.checks import check_consistency, resolve_schedule
 

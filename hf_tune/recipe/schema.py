@@ -8,11 +8,12 @@ Sections:
   optim     -> parameter groups (decay / no decay, layer-wise LR decay) and the schedule floor (ours: OptimSection)
   evaluation-> metrics and early stopping                                      (ours: EvaluationSection)
   hub       -> model-card metadata                                             (ours: HubSection)
+  search    -> hyperparameter search space and study settings                  (ours: SearchSection)
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -92,4 +93,51 @@ class HubSection(_Section):
     tags: list[str] = Field(default_factory=list, description="extra tags; hf_tune and lora are added")
 
 
-SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub")
+class Distribution(_Section):
+    """One search dimension: ``{type: float, low, high, log}``, ``{type: int, low, high, step}``,
+    ``{type: categorical, choices: [...]}``."""
+
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Distribution":
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical distribution needs a non-empty 'choices' list")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} distribution needs 'low' and 'high'")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is greater than high ({self.high:g})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log scale needs low > 0, got {self.low:g}")
+        if self.log and self.step is not None:
+            raise ValueError("'step' and 'log' cannot be used together")
+        return self
+
+
+class SearchSection(_Section):
+    """Hyperparameter search (Optuna through ``Trainer.hyperparameter_search``)."""
+
+    space: dict[str, Distribution] = Field(description="dotted recipe key -> distribution, e.g. training.learning_rate")
+    metric: str | list[str] = Field(default="eval_loss", description="a metric, or a list for multi-objective")
+    directions: Literal["minimize", "maximize"] | list[Literal["minimize", "maximize"]] | None = Field(
+        default=None, description="default: minimize losses and parameter counts, maximize other metrics")
+    n_trials: PositiveInt = 10
+    timeout: PositiveFloat | None = Field(default=None, description="seconds; no new trial starts after it")
+    sampler: Literal["tpe", "random", "cmaes", "nsga2", "grid"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    pruner_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna pruner class")
+    seed: int = 42
+    storage: str | None = Field(default=None, description="Optuna storage URL or a .log journal file; default: "
+                                                          "sqlite in the study folder")
+    study_name: str | None = Field(default=None, description="default: the recipe file's name")
+    output_dir: str | None = Field(default=None, description="the study folder; default: training.output_dir")
+
+
+SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search")
