@@ -61,11 +61,13 @@ def make_storage(search: SearchSection, study_dir: Path):
 
 def make_sampler(search: SearchSection, trials_so_far: int):
     """Seeded per trial (seed + number of trials so far): one call runs one trial, and a sampler built with the same
-    seed every time would propose the same random start again."""
+    seed every time would propose the same random start again. The grid sampler keeps one seed: it shuffles the grid
+    with it, and the grid ids recorded in the storage must keep meaning the same points."""
     import optuna
 
     seed = search.seed + trials_so_far
     if search.sampler == "grid":
+        seed = search.seed
         grid = {}
         for key, d in search.space.items():
             if d.type == "categorical":

@@ -59,7 +59,7 @@ def _check_search(recipe: Recipe, evaluating: bool) -> None:
         try:
             validate_recipe(apply_values(base, {key: sample}))
         except HfTuneError as err:
-            raise RecipeError(path, str(err)) from None
+            raise RecipeError(path, str(err).removeprefix(f"{key}: ")) from None
         if search.sampler == "grid" and dist.type == "float" and dist.step is None:
             raise RecipeError(path, "the grid sampler needs a finite grid", fix="give it a step, or make it categorical")
     metrics = search_metrics(search)

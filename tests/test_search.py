@@ -1,0 +1,171 @@
+"""Hyperparameter search: real Optuna studies over real Trainer runs of a tiny Llama."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from conftest import REPO, chat_recipe
+from hf_tune import load_recipe, search, train
+from hf_tune.errors import HfTuneError
+
+LORA = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+
+
+def search_recipe(model_dir: str, out: Path, search_section: dict, lora: dict | None = LORA, **training) -> dict:
+    settings = {"max_steps": 4, "per_device_train_batch_size": 4, "eval_strategy": "steps", "eval_steps": 2,
+                "learning_rate": 1e-3, "seed": 7, **training}
+    raw = chat_recipe(model_dir, out, **settings)
+    raw["data"]["eval_split"] = 0.05
+    raw["data"]["max_length"] = 64
+    if lora:
+        raw["lora"] = dict(lora)
+    raw["search"] = {"n_trials": 4, "pruner": "none", **search_section}
+    return raw
+
+
+def lora_param_count(model_dir: str, r: int) -> int:
+    """q_proj (hidden -> heads x head_dim) and v_proj (hidden -> kv_heads x head_dim), both adapted in every layer."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = hidden // heads
+    per_layer = r * (hidden + heads * head_dim) + r * (hidden + kv * head_dim)
+    return per_layer * config["num_hidden_layers"]
+
+
+def test_study_over_learning_rate_and_lora_r_then_best_recipe_reproduces_the_best_trial(tmp_path, tiny_llama_dir):
+    space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 3e-2, "log": True},
+             "lora.r": {"type": "categorical", "choices": [2, 8]}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "sampler": "random"}, eval_steps=4)
+    result = search(load_recipe(raw))
+
+    assert [t["number"] for t in result["trials"]] == [0, 1, 2, 3]
+    assert all(t["state"] == "COMPLETE" for t in result["trials"])
+    for t in result["trials"]:
+        assert t["trainable_params"] == lora_param_count(tiny_llama_dir, t["params"]["lora.r"])
+    assert len({t["params"]["training.learning_rate"] for t in result["trials"]}) == 4
+    values = [t["values"][0] for t in result["trials"]]
+    best = result["best"][0]
+    assert best["values"][0] == min(values)
+    for name in ("best_recipe.yaml", "trials.csv", "optimization_history.png", "study.db"):
+        assert (tmp_path / "study" / name).is_file(), name
+
+    best_raw = yaml.safe_load(Path(result["best_recipe"]).read_text())
+    assert "search" not in best_raw
+    assert best_raw["lora"]["r"] == best["params"]["lora.r"]
+    assert best_raw["training"]["learning_rate"] == best["params"]["training.learning_rate"]
+    train(load_recipe(result["best_recipe"]))
+    rerun = json.loads((tmp_path / "study" / "best" / "eval_results.json").read_text())
+    assert rerun["eval_loss"] == pytest.approx(best["values"][0], abs=1e-5)
+
+
+def test_hopeless_trials_are_pruned(tmp_path, tiny_llama_dir):
+    space = {"training.learning_rate": {"type": "categorical", "choices": [3e-2, 1e-2, 1e-9, 2e-9]}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {
+        "space": space, "sampler": "grid", "pruner": "median",
+        "pruner_kwargs": {"n_startup_trials": 1, "n_warmup_steps": 0}}, lora=None, max_steps=6)
+    result = search(load_recipe(raw))
+    states = {t["params"]["training.learning_rate"]: t["state"] for t in result["trials"]}
+    assert len(states) == 4
+    assert "PRUNED" in states.values(), states
+    assert all(state == "COMPLETE" for lr, state in states.items() if lr >= 1e-2)  # good trials run to the end
+
+
+def test_rerunning_continues_the_study(tmp_path, tiny_llama_dir):
+    space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 2}, lora=None)
+    first = search(load_recipe(raw))
+    raw["search"]["n_trials"] = 3
+    second = search(load_recipe(raw))
+    assert [t["number"] for t in first["trials"]] == [0, 1]
+    assert [t["number"] for t in second["trials"]] == [0, 1, 2]
+    assert second["trials"][:2] == first["trials"]  # finished trials are not rerun
+    study = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert len(study.trials) == 3
+
+
+def test_multi_objective_study_returns_the_pareto_front(tmp_path, tiny_llama_dir):
+    space = {"lora.r": {"type": "categorical", "choices": [1, 4, 16]},
+             "training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {
+        "space": space, "metric": ["eval_loss", "trainable_params"], "sampler": "nsga2", "n_trials": 4})
+    result = search(load_recipe(raw))
+    points = {t["number"]: t["values"] for t in result["trials"] if t["state"] == "COMPLETE"}
+
+    def dominated(a, b):  # b dominates a when it is no worse in both (minimised) objectives and better in one
+        return all(y <= x for x, y in zip(a, b)) and any(y < x for x, y in zip(a, b))
+
+    pareto = {n for n, v in points.items() if not any(dominated(v, w) for m, w in points.items() if m != n)}
+    assert {b["number"] for b in result["best"]} == pareto
+    assert (tmp_path / "study" / "pareto_front.png").stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("space, search_keys, message", [
+    ({"lora.rr": {"type": "int", "low": 2, "high": 8}}, {}, "(?s)search.space.lora.rr: unknown key.*did you mean 'r'"),
+    ({"training.learning_rate": {"type": "float", "low": 1e-2, "high": 1e-4}}, {}, "low .* is greater than high"),
+    ({"training.learning_rate": {"type": "float", "low": 0.0, "high": 1e-2, "log": True}}, {}, "log scale needs low > 0"),
+    ({"data.max_length": {"type": "int", "low": 32, "high": 64}}, {}, "search.space.data.max_length: cannot be searched"),
+    ({"lora.r": {"type": "int", "low": 2, "high": 8}}, {"metric": "eval_accuracy"}, "search.metric: 'eval_accuracy'"),
+    ({"lora.r": {"type": "int", "low": 2, "high": 8}}, {"pruner": "median", "metric": ["eval_loss", "trainable_params"]},
+     "search.pruner: Optuna cannot prune multi-objective"),
+])
+def test_bad_search_sections_are_refused_at_load(tmp_path, tiny_llama_dir, space, search_keys, message):
+    raw = search_recipe(tiny_llama_dir, tmp_path / "s", {"space": space, **search_keys})
+    with pytest.raises(HfTuneError, match=message):
+        load_recipe(raw)
+
+
+def test_a_pruner_needs_periodic_evaluation(tmp_path, tiny_llama_dir):
+    raw = search_recipe(tiny_llama_dir, tmp_path / "s", {"space": {"lora.r": {"type": "int", "low": 2, "high": 8}},
+                                                         "pruner": "median"}, eval_strategy="no")
+    with pytest.raises(HfTuneError, match="search.pruner: pruning needs evaluations"):
+        load_recipe(raw)
+
+
+def cli(*args, **kwargs):
+    return subprocess.Popen([str(Path(sys.executable).parent / args[0]), *args[1:]], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_study_without_losing_or_repeating_trials(tmp_path, tiny_llama_dir):
+    space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 4,
+                                                             "storage": str(tmp_path / "journal.log")}, lora=None)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    workers = [cli("python", "-m", "hf_tune.search", str(recipe)) for _ in range(2)]
+    outputs = [w.communicate(timeout=600) for w in workers]
+    assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log")))
+    trials = optuna.load_study(study_name="recipe", storage=storage).trials
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert len({t.params["training.learning_rate"] for t in trials}) == 4
+    ran = [line for _, err in outputs for line in err.splitlines() if "rank 0 of 1: trial" in line]
+    assert len(ran) == 4 and all(sum(f"trial {n} with" in line for line in ran) == 1 for n in range(4))
+
+
+@pytest.mark.slow
+def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
+    space = {"lora.r": {"type": "categorical", "choices": [2, 8]},
+             "training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1})
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", "29561", "-m", "hf_tune.search", str(recipe),
+               env=env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    lines = [line.split(": trial ", 1)[1] for line in err.splitlines() if " of 2: trial " in line]
+    assert len(lines) == 2 and lines[0] == lines[1], lines  # rank 1 trains the values rank 0 sampled
+    assert "rank 0 of 2" in err and "rank 1 of 2" in err
+    assert "best recipe:" in out
