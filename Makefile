@@ -19,7 +19,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/accelerate launch -m hf_tune.run recipes/llm_lora.yaml
+	@if grep -q '"end_time": "' runs/llm_lora/run.json 2>/dev/null; then \
+		echo "runs/llm_lora is already trained: reusing it (make clean-runs to train it again)"; \
+	else \
+		$(VENV)/bin/accelerate launch -m hf_tune.run recipes/llm_lora.yaml; \
+	fi
 	$(VENV)/bin/hf-tune chat runs/llm_lora --prompt "What is the capital of Norway?"
 
 test: setup

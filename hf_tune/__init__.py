@@ -13,8 +13,8 @@ from hf_tune.data import build_datasets
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.modeling import build_model_and_tokenizer
 from hf_tune.recipe import Recipe, load_recipe
-from hf_tune.run import train
-from hf_tune.search import search  # the function; `python -m hf_tune.search` still runs the module
+from hf_tune.hpo import search
+from hf_tune.training import train
 from hf_tune.trainer import HfTuneTrainer, build_trainer
 from hf_tune.training_args import build_training_arguments
 

@@ -41,9 +41,16 @@ def _cv(args) -> None:
 
 def _search(args) -> None:
     from hf_tune.recipe import load_recipe
-    from hf_tune.search import format_summary, search
+    from hf_tune.hpo import format_summary, search
 
     print(format_summary(search(load_recipe(args.recipe, args.overrides))))
+
+
+def _report(args) -> None:
+    from hf_tune.report import write_report
+
+    for path in write_report(args.run_dir):
+        print(path)
 
 
 def _merge(args) -> None:
@@ -115,6 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("recipe")
     v.add_argument("overrides", nargs="*", help="section.key=value")
     v.set_defaults(func=_search)
+
+    v = verbs.add_parser("report", help="plot a run's loss, learning rates and eval metrics into PNG files")
+    v.add_argument("run_dir")
+    v.set_defaults(func=_report)
 
     v = verbs.add_parser("merge", help="merge a LoRA run's adapter into its base model")
     v.add_argument("run_dir")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import torch
 from transformers import Trainer, TrainingArguments
 
 from hf_tune.errors import HfTuneError
@@ -37,6 +39,19 @@ class HfTuneTrainer(Trainer):
             self.optimizer = optimizer_cls(layerwise_param_groups(opt_model, infos), **kwargs)
         return super().create_optimizer(model)
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():  # stop before the optimizer steps on garbage
+            from hf_tune.checkpoints import NonFiniteLoss, last_complete_checkpoint
+
+            last = last_complete_checkpoint(Path(self.args.output_dir))
+            raise NonFiniteLoss(
+                f"training stopped: the loss at step {self.state.global_step + 1} is {loss.item()} (not finite)\n"
+                f"  last good checkpoint: {last or 'none yet'}\n"
+                "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
+                "command resumes from the last good checkpoint")
+        return loss
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "learning_rate" in logs and self.optimizer is not None:
             # Trainer logs group 0's LR as applied at this step; every group follows the same schedule factor,
@@ -52,8 +67,10 @@ class HfTuneTrainer(Trainer):
 
 def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
                   **kwargs) -> HfTuneTrainer:
+    from hf_tune.checkpoints import CheckpointMarker
     from hf_tune.data import build_collator
     from hf_tune.evaluation import build_callbacks, build_compute_metrics
+    from hf_tune.tracking import RecipeToTrackers
 
     return HfTuneTrainer(
         model=model,
@@ -63,7 +80,7 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
         processing_class=tokenizer,
         data_collator=build_collator(recipe, tokenizer),
         compute_metrics=build_compute_metrics(recipe.evaluation),
-        callbacks=build_callbacks(recipe.evaluation),
+        callbacks=[CheckpointMarker(), RecipeToTrackers(recipe), *build_callbacks(recipe.evaluation)],
         optim=recipe.optim,
         report_perplexity=recipe.model.task == "causal_lm",
         **kwargs,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
-                                   SearchSection)
+                                   SearchSection, TrackingSection)
 from hf_tune.recipe.upstream import check_training_values, check_upstream_kwargs, did_you_mean
 
 LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -24,6 +24,7 @@ _LORA_RESERVED = {"task_type": "it follows model.task; remove lora.task_type"}
 OFFLINE_MODEL_FIX = ("without Hub access (or with HF_HUB_OFFLINE=1), point it at a local folder with config.json "
                      "and weights (made by save_pretrained, or `hf download ORG/NAME --local-dir DIR` on a machine "
                      "online), or use embedded:SmolLM2-135M-Instruct / embedded:all-MiniLM-L6-v2")
+_TOKEN_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{10,}|sk-[A-Za-z0-9]{10,})\b")
 PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
 _SECRET_KEY = re.compile(r"(^|_)(token|secret|password|passwd|api_?key|key|credentials?)$", re.IGNORECASE)
 
@@ -59,6 +60,7 @@ class Recipe:
     evaluation: EvaluationSection = dataclasses.field(default_factory=EvaluationSection)
     hub: HubSection = dataclasses.field(default_factory=HubSection)
     search: SearchSection | None = None
+    tracking: TrackingSection = dataclasses.field(default_factory=TrackingSection)
     source: Path | None = None
 
     @property
@@ -76,6 +78,7 @@ class Recipe:
             "evaluation": self.evaluation.model_dump(exclude_none=True),
             "hub": self.hub.model_dump(exclude_none=True),
             "search": self.search.model_dump(exclude_none=True) if self.search else None,
+            "tracking": self.tracking.model_dump(exclude_none=True),
         }
         return {k: v for k, v in resolved.items() if v is not None}
 
@@ -145,6 +148,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     evaluation = _parse_section(EvaluationSection, raw.get("evaluation") or {}, "evaluation")
     hub = _parse_section(HubSection, raw.get("hub") or {}, "hub")
     search = _parse_section(SearchSection, raw["search"], "search") if raw.get("search") is not None else None
+    tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
 
     from peft import LoraConfig
     from transformers import TrainingArguments
@@ -152,12 +156,15 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     lora = raw.get("lora")
     if lora is not None:
         lora = check_upstream_kwargs("lora", lora, LoraConfig, reserved=_LORA_RESERVED)
-    training = check_upstream_kwargs("training", raw.get("training") or {}, TrainingArguments)
+    training = dict(raw.get("training") or {})
+    if training.get("resume_from_checkpoint") is False:  # `false` reads better in YAML than 'never'
+        training["resume_from_checkpoint"] = "never"
+    training = check_upstream_kwargs("training", training, TrainingArguments)
     check_training_values(training)
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    hub=hub, search=search, source=source)
+                    hub=hub, search=search, tracking=tracking, source=source)
     _check_files(recipe)
     from hf_tune.recipe.checks import check_consistency, resolve_schedule
 
@@ -242,12 +249,14 @@ def _available_offline(repo_id: str, revision: str | None) -> bool:
 
 
 def redact_secrets(value: Any) -> Any:
-    """A copy with every value under a secret-looking key (token, password, api_key, ...) replaced by '***'."""
+    """A copy with every value under a secret-looking key (token, password, api_key, ...) replaced by '***', and
+    token-shaped strings (hf_..., sk-...) masked wherever they stand."""
     if isinstance(value, dict):
-        return {k: "***" if _SECRET_KEY.search(str(k)) and v not in (None, "", False) else redact_secrets(v) for k, v in value.items()}
-    if isinstance(value, list):
+        return {k: "***" if _SECRET_KEY.search(str(k)) and v not in (None, "", False) else redact_secrets(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
         return [redact_secrets(v) for v in value]
-    return value
+    return _TOKEN_VALUE.sub("***", value) if isinstance(value, str) else value
 
 
 def _as_list(files: Any) -> list[str]:

@@ -9,6 +9,7 @@ Sections:
   evaluation-> metrics and early stopping                                      (ours: EvaluationSection)
   hub       -> model-card metadata                                             (ours: HubSection)
   search    -> hyperparameter search space and study settings                  (ours: SearchSection)
+  tracking  -> project / run name / group / tags for the trackers in training.report_to (ours: TrackingSection)
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ class HubSection(_Section):
     tags: list[str] = Field(default_factory=list, description="extra tags; hf_tune and lora are added")
 
 
+class TrackingSection(_Section):
+    """Run identity for the trackers named in ``training.report_to`` (wandb, mlflow, tensorboard)."""
+
+    project: str | None = None
+    name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
 class Distribution(_Section):
     """One search dimension: ``{type: float, low, high, log}``, ``{type: int, low, high, step}``,
     ``{type: categorical, choices: [...]}``."""
@@ -140,4 +150,4 @@ class SearchSection(_Section):
     output_dir: str | None = Field(default=None, description="the study folder; default: training.output_dir")
 
 
-SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search")
+SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking")

@@ -1,0 +1,53 @@
+"""Training report: curves from ``trainer_state.json`` as PNG files in the run folder (``hf-tune report RUN_DIR``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(entry["step"], entry[key]) for entry in history if key in entry and "step" in entry]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def write_report(run_dir: str | Path) -> list[Path]:
+    """loss.png (train and eval loss), lr.png (Trainer's LR, lowest and highest group), eval_metrics.png (other eval
+    metrics), when the history has them. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    state = run_dir / "trainer_state.json"
+    if not state.is_file():
+        from hf_tune.errors import HfTuneError
+
+        raise HfTuneError(f"{run_dir}: no trainer_state.json\n  fix: pass the output_dir of a run (or a checkpoint)")
+    history = json.loads(state.read_text())["log_history"]
+    eval_keys = sorted({k for e in history for k in e if k.startswith("eval_") and k not in (
+        "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")})
+    figures = {
+        "loss.png": (["loss", "eval_loss"], "loss"),
+        "lr.png": (["learning_rate", "lr_min", "lr_max"], "learning rate"),
+        "eval_metrics.png": (eval_keys, "value"),
+    }
+    written = []
+    for name, (keys, ylabel) in figures.items():
+        drawn = [(key, *series(history, key)) for key in keys]
+        drawn = [d for d in drawn if d[1]]
+        if not drawn:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for key, steps, values in drawn:
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{run_dir.name}: {name.removesuffix('.png').replace('_', ' ')}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / name, dpi=100)
+        plt.close(fig)
+        written.append(run_dir / name)
+    return written

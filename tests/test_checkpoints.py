@@ -1,0 +1,229 @@
+"""Crash safety: runs killed with SIGKILL (between checkpoints, twice, with a half-written checkpoint) resume and end
+bit-identical to an uninterrupted run; seeds; the NaN guard; resume modes; manifest; trackers; report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from conftest import REPO, chat_recipe
+from hf_tune import load_recipe, train
+from hf_tune.checkpoints import MARKER, is_complete
+from hf_tune.errors import HfTuneError
+
+SECRET = "hf_SECRETtoken1234567890"
+
+
+def step_losses(run_dir: Path) -> list[tuple[int, float]]:
+    history = json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
+    return [(e["step"], e["loss"]) for e in history if "loss" in e]
+
+
+def crash_recipe(model_dir: str, out: Path, **training) -> dict:
+    settings = {"max_steps": 40, "save_strategy": "steps", "save_steps": 5, "logging_steps": 1, "seed": 3,
+                "per_device_train_batch_size": 4, **training}
+    raw = chat_recipe(model_dir, out, **settings)
+    raw["data"]["max_length"] = 96
+    return raw
+
+
+def launch(recipe: Path, *prefix: str) -> subprocess.Popen:
+    command = list(prefix) or [sys.executable, "-m", "hf_tune.run"]
+    return subprocess.Popen([*command, str(recipe)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read()[-2000:]}"
+        assert time.time() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def run_to_end(recipe: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hf_tune.run", str(recipe)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_llama_dir) -> Path:
+    out = tmp_path_factory.mktemp("reference") / "run"
+    recipe = tmp_path_factory.mktemp("recipes") / "reference.yaml"
+    recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, out)))
+    result = run_to_end(recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    assert step_losses(run) == step_losses(reference)  # every step's loss, bit for bit
+    mine, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
+    proc = launch(recipe)
+    wait_for(lambda: is_complete(run_dir / f"checkpoint-{step}"), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_killed_between_checkpoints_resumes_to_the_same_weights_and_losses(tmp_path, tiny_llama_dir, uninterrupted):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, tmp_path / "run")))
+    kill_after_checkpoint(recipe, tmp_path / "run", 10)
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    result = run_to_end(recipe)  # the same command again
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Resuming from" in result.stderr
+    assert_same_run(tmp_path / "run", uninterrupted)
+
+
+@pytest.mark.slow
+def test_killed_twice_then_a_half_written_checkpoint_is_ignored(tmp_path, tiny_llama_dir, uninterrupted):
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, run_dir)))
+    kill_after_checkpoint(recipe, run_dir, 10)
+    kill_after_checkpoint(recipe, run_dir, 20)
+    # What a kill in the middle of Trainer's save leaves: a newer checkpoint folder, some files short, no marker.
+    partial = run_dir / "checkpoint-25"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(run_dir / "checkpoint-20", partial)
+    (partial / MARKER).unlink()
+    with open(partial / "optimizer.pt", "r+b") as f:
+        f.truncate(100)
+    assert not is_complete(partial)
+    result = run_to_end(recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Ignoring" in result.stderr and "checkpoint-20" in result.stderr.split("Resuming from", 1)[1][:300]
+    assert_same_run(run_dir, uninterrupted)
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_killed_worker_which_resumes(tmp_path, tiny_llama_dir, uninterrupted):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, run_dir)))
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    proc = launch(recipe, torchrun, "--nproc_per_node", "1", "--max-restarts", "1", "--master_port", "29571",
+                  "-m", "hf_tune.run")
+    wait_for(lambda: is_complete(run_dir / "checkpoint-10"), proc)
+    workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "hf_tune.run" in " ".join(c.cmdline())]
+    assert len(workers) == 1
+    workers[0].send_signal(signal.SIGKILL)  # the worker dies; the torchrun agent stays
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Resuming from" in err
+    assert_same_run(run_dir, uninterrupted)
+
+
+def test_same_seed_same_losses_other_seed_other_losses(tmp_path, tiny_llama_dir):
+    def losses(name, seed):
+        raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=5, seed=seed, learning_rate=5e-3)
+        train(load_recipe(raw))
+        return [loss for _, loss in step_losses(tmp_path / name)]
+
+    first, again, other = losses("a", 11), losses("b", 11), losses("c", 12)
+    assert first == again
+    assert first != other
+
+
+def test_a_planted_nan_stops_the_run_with_the_step_and_last_checkpoint(tmp_path, tiny_llama_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    broken = tmp_path / "nan-model"
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")
+    model.save_pretrained(broken)
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(broken)
+    with pytest.raises(HfTuneError, match=r"(?s)loss at step 1 is nan.*last good checkpoint: none yet"):
+        train(load_recipe(chat_recipe(str(broken), tmp_path / "run")))
+
+
+def test_resume_modes(tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", save_strategy="steps", save_steps=1)
+    train(load_recipe(raw))
+    with pytest.raises(HfTuneError, match="training.output_dir: .* holds a finished run"):
+        train(load_recipe(raw))
+    raw_never = chat_recipe(tiny_llama_dir, tmp_path / "run", resume_from_checkpoint=False)
+    assert load_recipe(raw_never).training["resume_from_checkpoint"] == "never"
+    (tmp_path / "run" / "run.json").unlink()  # no longer finished, but not empty
+    with pytest.raises(HfTuneError, match="resume_from_checkpoint: is 'never'"):
+        train(load_recipe(raw_never))
+    (tmp_path / "run" / "checkpoint-1" / MARKER).unlink()
+    with pytest.raises(HfTuneError, match="not a complete hf_tune checkpoint"):
+        train(load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run",
+                                      resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))))
+
+
+def test_manifest_has_every_field_and_no_secret(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", hub_token=SECRET, run_name=f"run-{SECRET}")
+    raw["data"]["eval_split"] = 0.05
+    train(load_recipe(raw))
+    text = (tmp_path / "run" / "run.json").read_text()
+    manifest = json.loads(text)
+    assert {"recipe", "packages", "git", "host", "world_size", "device", "datasets", "start_time", "end_time",
+            "metrics", "command"} <= manifest.keys()
+    assert {"python", "torch", "transformers", "datasets", "accelerate", "peft", "deepspeed", "optuna"} <= \
+        manifest["packages"].keys()
+    assert manifest["git"]["commit"] and isinstance(manifest["git"]["dirty"], bool)
+    assert manifest["datasets"]["train"]["fingerprint"] and manifest["datasets"]["eval"]["examples"] > 0
+    assert manifest["world_size"] == 1 and manifest["device"] == "cpu"
+    assert "train_loss" in manifest["metrics"] and "eval_loss" in manifest["metrics"]
+    assert manifest["end_time"] >= manifest["start_time"]
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".txt", ".log"):
+            assert SECRET not in path.read_text(errors="ignore"), path
+
+
+def test_training_report_plots(tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=4, eval_strategy="steps", eval_steps=2)
+    raw["data"]["eval_split"] = 0.05
+    train(load_recipe(raw))
+    for name in ("loss.png", "lr.png"):
+        assert (tmp_path / "run" / name).stat().st_size > 5_000
+    result = subprocess.run([str(Path(sys.executable).parent / "hf-tune"), "report", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "loss.png" in result.stdout
+
+
+@pytest.mark.slow
+def test_wandb_offline_without_key_keeps_one_run_id_across_resume_and_tensorboard_writes(tmp_path, tiny_llama_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")  # no API key anywhere
+    run_dir = tmp_path / "run"
+    raw = crash_recipe(tiny_llama_dir, run_dir, report_to=["wandb", "tensorboard"], max_steps=30)
+    raw["tracking"] = {"project": "hf-tune-tests", "name": "offline", "tags": ["ci"]}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    command = [sys.executable, "-m", "hf_tune.run", str(recipe)]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: is_complete(run_dir / "checkpoint-10"), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "logs offline" in result.stderr and "wandb sync" in result.stderr
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.endswith(run_id) for p in offline)  # both launches logged one run
+    assert list(run_dir.rglob("events.out.tfevents.*"))
