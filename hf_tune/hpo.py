@@ -217,7 +217,7 @@ def _another_trial(trainer, storage, study_name: str, directions: list[str], spe
 def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dict:
     trials = [{"number": t.number, "state": t.state.name, "values": t.values, "params": t.params,
                "trainable_params": t.user_attrs.get("trainable_params"),
-               "error": t.system_attrs.get("fail_reason")} for t in study.trials]
+               "error": t.user_attrs.get("error")} for t in study.trials]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     result: dict[str, Any] = {"study_name": study.study_name, "metrics": metrics, "trials": trials,
                               "study_dir": str(study_dir)}
@@ -274,7 +274,8 @@ def format_summary(result: dict) -> str:
              f"{'#':>3} {'state':<9} {', '.join(result['metrics']):<24} params"]
     for t in result["trials"]:
         values = ", ".join(f"{v:.4g}" for v in t["values"]) if t["values"] else "-"
-        lines.append(f"{t['number']:>3} {t['state']:<9} {values:<24} {t['params']}")
+        lines.append(f"{t['number']:>3} {t['state']:<9} {values:<24} {t['params']}"
+                     + (f"\n      error: {t['error']}" if t["error"] else ""))
     for b in result["best"]:
         lines.append(f"\nbest: trial {b['number']} {dict(zip(result['metrics'], b['values']))} {b['params']}")
     lines.append(f"best recipe: {result['best_recipe']}  (python -m hf_tune.run {result['best_recipe']})")

@@ -28,6 +28,15 @@ class HfTuneTrainer(Trainer):
         self.optim = optim or OptimSection()
         self.report_perplexity = report_perplexity
 
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        except Exception as err:  # a search trial that fails (OOM, NaN, bad values) keeps its error in the study
+            trial = kwargs.get("trial")
+            if trial is not None and hasattr(trial, "set_user_attr"):
+                trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
+            raise
+
     def create_optimizer(self, model=None):
         if self.optimizer is None:  # rebuilt on every train() / search trial: nothing is consumed from the groups
             opt_model = self.model if model is None else model

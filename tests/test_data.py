@@ -163,3 +163,26 @@ def test_a_changed_tokenizer_never_reuses_a_stale_tokenization_cache(tmp_path, s
 
     shorter = data.model_copy(update={"max_length": 40})
     assert tokenize_dataset(raw, smol_tokenizer, shorter, "data.train")._fingerprint != first._fingerprint
+
+
+def test_a_recipe_chat_template_is_used_when_the_tokenizer_has_none(tmp_path, tiny_llama_dir, smol_tokenizer):
+    import copy
+
+    from hf_tune.modeling import build_tokenizer
+    from hf_tune.recipe import load_recipe
+
+    bare = copy.deepcopy(smol_tokenizer)
+    bare.chat_template = None
+    data = DataSection(train={"path": str(write_jsonl(tmp_path / "d.jsonl", [{"messages": CONVERSATION}]))})
+    raw, _ = load_raw_datasets(data, seed=0)
+    with pytest.raises(HfTuneError, match="data.chat_template: the tokenizer has no chat template"):
+        tokenize_dataset(raw, bare, data, "data.train")
+
+    template = tmp_path / "chatml.jinja"
+    template.write_text(smol_tokenizer.chat_template)
+    recipe = load_recipe({"model": {"pretrained_model_name_or_path": tiny_llama_dir},
+                          "data": {"train": {"path": str(tmp_path / "d.jsonl")}, "chat_template": str(template)}})
+    tokenizer = build_tokenizer(recipe)
+    assert tokenizer.chat_template == template.read_text()
+    row = tokenize_example({"messages": CONVERSATION}, tokenizer, "chat", 1024)
+    assert (row["input_ids"], row["labels"]) == chatml_reference(smol_tokenizer, CONVERSATION)
