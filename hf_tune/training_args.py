@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import TrainingArguments
 
@@ -22,8 +24,21 @@ def training_kwargs(recipe: Recipe) -> dict:
     return kwargs
 
 
+def init_cpu_deepspeed(kwargs: dict) -> None:
+    """ZeRO-3's ``zero.Init`` (used by ``from_pretrained``) fails on CPU unless DeepSpeed's process group is up with
+    gloo before ``TrainingArguments`` is built (measured); on an accelerator DeepSpeed picks its own backend."""
+    if not kwargs.get("deepspeed") or accelerator_available() or "WORLD_SIZE" not in os.environ:
+        return
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")
+
+
 def build_training_arguments(recipe: Recipe) -> TrainingArguments:
     kwargs = training_kwargs(recipe)
+    init_cpu_deepspeed(kwargs)
     try:
         return TrainingArguments(**kwargs)
     except (ValueError, TypeError, ImportError) as err:

@@ -122,18 +122,54 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
                           "training.load_best_model_at_end: true (and greater_is_better for metrics such as accuracy)")
 
 
+BUNDLED_DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
+# DeepSpeed key -> (TrainingArguments key, its default): a non-"auto" DeepSpeed value must agree with the recipe
+_DS_MIRRORS = {
+    "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", 8),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", 1),
+    "gradient_clipping": ("max_grad_norm", 1.0),
+    "bf16.enabled": ("bf16", False),
+    "fp16.enabled": ("fp16", False),
+}
+
+
+def resolve_deepspeed_config(value: str) -> Path:
+    """A bundled config's short name (zero2, zero3_offload, ...) or a path."""
+    bundled = BUNDLED_DS_CONFIGS / f"{value.removesuffix('.json')}.json"
+    if "/" not in value and bundled.is_file():
+        return bundled
+    path = Path(value)
+    if not path.is_file():
+        names = sorted(p.stem for p in BUNDLED_DS_CONFIGS.glob("*.json"))
+        raise RecipeError("training.deepspeed", f"file not found: {value}", fix=f"a JSON path, or one of {names}")
+    return path
+
+
 def _check_deepspeed(recipe: Recipe, optim_given: bool) -> None:
     config = recipe.training.get("deepspeed")
     if not config:
         return
+    name = "the DeepSpeed config"
     if isinstance(config, str):
-        path = Path(config)
-        if not path.is_file():
-            raise RecipeError("training.deepspeed", f"file not found: {config}")
+        path = resolve_deepspeed_config(config)
+        recipe.training["deepspeed"] = str(path)
+        name = path.name
         try:
             config = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise RecipeError("training.deepspeed", f"{path} is not valid JSON: {err}") from None
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise RecipeError("training.deepspeed", f"{name}: unknown ZeRO stage {stage!r}", fix="use 0, 1, 2 or 3")
+    for ds_key, (key, default) in _DS_MIRRORS.items():
+        node = config
+        for part in ds_key.split("."):
+            node = node.get(part, "auto") if isinstance(node, dict) else "auto"
+        wanted = recipe.training.get(key, default)
+        if node != "auto" and node != wanted:
+            raise RecipeError("training.deepspeed", f"{name} sets {ds_key}={node!r} but training.{key} is {wanted!r}",
+                              fix=f'set {ds_key} to "auto" in the JSON (Trainer fills it from training.{key}), '
+                              "or make the two equal")
     if optim_given and "optimizer" in config:
         raise RecipeError("training.deepspeed", "the DeepSpeed config has an 'optimizer' block, which replaces the "
                           "optimizer and so silently drops the optim section (layer-wise LR decay, no-decay groups)",

@@ -1,0 +1,76 @@
+"""Bundled DeepSpeed configs, their checks at recipe load, and a real 2-process ZeRO-3 run on CPU (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, chat_recipe
+from hf_tune import load_recipe
+from hf_tune.errors import HfTuneError
+
+CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
+MIRRORED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_bundled_configs_leave_optimizer_schedule_and_batch_to_trainer(path):
+    config = json.loads(path.read_text())
+    assert "optimizer" not in config and "scheduler" not in config  # they would replace hf_tune's groups / schedule
+    assert all(config[key] == "auto" for key in MIRRORED)
+    assert config["bf16"]["enabled"] == "auto" and config["fp16"]["enabled"] == "auto"
+    zero = config["zero_optimization"]
+    assert zero["stage"] == int(path.stem[4])
+    if zero["stage"] == 3:
+        assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert ("offload" in path.stem) == ("offload_optimizer" in zero)
+
+
+def test_a_recipe_names_a_bundled_config_by_short_name(tmp_path, tiny_llama_dir):
+    recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed="zero2"))
+    assert recipe.training["deepspeed"] == str(REPO / "ds_configs" / "zero2.json")
+    with pytest.raises(HfTuneError, match=r"(?s)training.deepspeed: file not found: zero5.*zero3_offload"):
+        load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed="zero5"))
+
+
+def test_a_contradicting_value_names_both_keys(tmp_path, tiny_llama_dir):
+    config = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
+    config["train_micro_batch_size_per_gpu"] = 4
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(HfTuneError, match="train_micro_batch_size_per_gpu=4 but training.per_device_train_batch_size is 2"):
+        load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed=str(path)))
+    config["train_micro_batch_size_per_gpu"], config["zero_optimization"]["stage"] = "auto", 4
+    path.write_text(json.dumps(config))
+    with pytest.raises(HfTuneError, match="unknown ZeRO stage 4"):
+        load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed=str(path)))
+    path.write_text("{not json")
+    with pytest.raises(HfTuneError, match="is not valid JSON"):
+        load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed=str(path)))
+
+
+@pytest.mark.slow
+def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tmp_path, tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, deepspeed="zero3")))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             "29591", "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "rank 0 of 2" in output and "rank 1 of 2" in output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["world_size"] == 2
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run")  # consolidated from the ZeRO-3 shards
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    for (name, p), (_, q) in zip(saved.named_parameters(), base.named_parameters()):
+        assert p.shape == q.shape and p.numel() > 0, name
+    assert any(not (p == q).all() for p, q in zip(saved.parameters(), base.parameters()))  # it trained
