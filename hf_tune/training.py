@@ -19,6 +19,7 @@ def train(recipe: Recipe):
 
     from hf_tune.checkpoints import resume_checkpoint
     from hf_tune.data import build_datasets
+    from hf_tune.distributed import check_distributed
     from hf_tune.manifest import now, write_manifest
     from hf_tune.modeling import build_model_and_tokenizer
     from hf_tune.report import write_report
@@ -28,6 +29,7 @@ def train(recipe: Recipe):
 
     started = now()
     args = build_training_arguments(recipe)
+    check_distributed(args)
     run_dir = Path(args.output_dir)
     resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
     configure_tracking(recipe, run_dir)

@@ -1,0 +1,45 @@
+"""Refuse runs where the launcher meant several processes but training is not actually distributed: each process
+would otherwise train its own copy of the model and exit 0 (measured on CPU for torchrun without ``use_cpu``, and
+for ``accelerate launch --num_processes 2`` without ``--multi_gpu``, which starts one process)."""
+
+from __future__ import annotations
+
+import os
+
+from hf_tune.errors import HfTuneError
+
+
+def _accelerate_processes_asked() -> int:
+    """--num_processes of an ``accelerate launch`` that started this process directly, else 1."""
+    try:
+        import psutil
+
+        command = psutil.Process(os.getppid()).cmdline()
+    except Exception:  # no parent to read: nothing to check
+        return 1
+    if not any(part.endswith("accelerate") for part in command[:2]) or "launch" not in command:
+        return 1
+    for i, part in enumerate(command):
+        for flag in ("--num_processes", "--num-processes"):
+            if part == flag and i + 1 < len(command) and command[i + 1].isdigit():
+                return int(command[i + 1])
+            if part.startswith(flag + "="):
+                return int(part.split("=", 1)[1])
+    return 1
+
+
+def check_distributed(args) -> None:
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and args.world_size != launched:
+        raise HfTuneError(
+            f"the launcher started {launched} processes (WORLD_SIZE={launched}) but this one trains alone "
+            f"(world size {args.world_size}): every process would train its own model\n"
+            "  fix: on a machine without GPUs keep training.use_cpu: true (the default there); with GPUs check that "
+            "each process sees its own device")
+    asked = _accelerate_processes_asked()
+    if asked > 1 and "WORLD_SIZE" not in os.environ:
+        raise HfTuneError(
+            f"accelerate launch was asked for {asked} processes but started only this one (its single-process "
+            "launcher), so nothing would be distributed\n"
+            f"  fix: accelerate launch --multi_gpu --num_processes {asked} -m hf_tune.run ... (also on CPU), "
+            f"or torchrun --nproc_per_node {asked} -m hf_tune.run ...")

@@ -1,0 +1,30 @@
+"""Run under torchrun / accelerate by test_distributed.py: train from a recipe and write, per rank, the world size,
+a hash of every example this rank draws in an epoch, and a checksum of the final parameters."""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
+from hf_tune.distributed import check_distributed
+
+recipe = load_recipe(sys.argv[1])
+args = build_training_arguments(recipe)
+check_distributed(args)
+model, tokenizer = build_model_and_tokenizer(recipe)
+train_dataset, _ = build_datasets(recipe, tokenizer, args)
+trainer = build_trainer(recipe, model, tokenizer, train_dataset, None, args)
+seen = []
+for batch in trainer.get_train_dataloader():  # the rank's shard, as Trainer draws it
+    for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+        seen.append(hashlib.sha256(ids[mask.bool()].numpy().tobytes()).hexdigest()[:16])
+trainer.train()
+digest = hashlib.sha256()
+for _, p in sorted(trainer.model.named_parameters()):
+    digest.update(p.detach().to(torch.float32).numpy().tobytes())
+out = Path(args.output_dir) / f"rank{args.process_index}.json"
+out.write_text(json.dumps({"world_size": args.world_size, "rank": args.process_index, "examples": seen,
+                           "params_sha256": digest.hexdigest()}))
