@@ -74,3 +74,25 @@ def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tmp_path, tin
     for (name, p), (_, q) in zip(saved.named_parameters(), base.named_parameters()):
         assert p.shape == q.shape and p.numel() > 0, name
     assert any(not (p == q).all() for p, q in zip(saved.parameters(), base.parameters()))  # it trained
+
+
+@pytest.mark.slow
+def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llama_dir):
+    """TRL #4416 / PEFT #2892 report a ~40-byte empty adapter from ZeRO-3 + LoRA; ours holds every trained tensor."""
+    from safetensors.torch import load_file
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, deepspeed="zero3", learning_rate=1e-2)
+    raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             "29593", "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
+    assert len(adapter) == 2 * 2 * config["num_hidden_layers"]  # lora_A and lora_B of q_proj and v_proj per layer
+    for name, tensor in adapter.items():
+        assert tensor.numel() > 0 and tensor.shape[0 if "lora_A" in name else 1] == 4, name
+    assert all(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)  # B starts at 0
