@@ -96,3 +96,53 @@ def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llam
     for name, tensor in adapter.items():
         assert tensor.numel() > 0 and tensor.shape[0 if "lora_A" in name else 1] == 4, name
     assert all(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)  # B starts at 0
+
+
+@pytest.mark.slow
+def test_two_process_zero2_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir):
+    import signal
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+
+    from hf_tune.checkpoints import is_complete
+
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    deepspeed = str(Path(sys.executable).parent / "deepspeed")
+
+    def recipe(name: str) -> Path:
+        raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=16, deepspeed="zero2", save_strategy="steps",
+                          save_steps=4, learning_rate=3e-3, seed=5)
+        raw["optim"] = {"layerwise_lr_decay": 0.7}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    def command(path: Path, port: int) -> list[str]:
+        return [deepspeed, "--num_gpus", "2", "--master_port", str(port), "--module", "hf_tune.run", str(path)]
+
+    reference = subprocess.run(command(recipe("reference"), 29631), cwd=REPO, env=env, capture_output=True, text=True,
+                               timeout=900)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    killed = recipe("killed")
+    proc = subprocess.Popen(command(killed, 29632), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while not is_complete(tmp_path / "killed" / "checkpoint-8"):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
+    proc.wait()
+    resumed = subprocess.run(command(killed, 29633), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from" in resumed.stdout + resumed.stderr
+
+    def losses(name):
+        history = json.loads((tmp_path / name / "trainer_state.json").read_text())["log_history"]
+        return [(e["step"], e["loss"]) for e in history if "loss" in e]
+
+    assert len(losses("killed")) == 16 and losses("killed") == losses("reference")
+    mine, theirs = load_file(tmp_path / "killed" / "model.safetensors"), load_file(tmp_path / "reference" / "model.safetensors")
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
