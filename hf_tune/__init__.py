@@ -7,13 +7,14 @@ Notebook API, each step callable alone::
     train_ds, eval_ds = build_datasets(recipe, tokenizer)
     trainer = build_trainer(recipe, model, tokenizer, train_ds, eval_ds, build_training_arguments(recipe))
     trainer.train()            # or simply: train(recipe)
+    search(load_recipe("recipes/llm_lora_search.yaml"))   # hyperparameter search from the recipe's search section
 """
 
 from hf_tune.data import build_datasets
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.hpo import search
 from hf_tune.modeling import build_model_and_tokenizer
 from hf_tune.recipe import Recipe, load_recipe
-from hf_tune.hpo import search
 from hf_tune.training import train
 from hf_tune.trainer import HfTuneTrainer, build_trainer
 from hf_tune.training_args import build_training_arguments
