@@ -43,7 +43,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     path = resolve_model_path(m.pretrained_model_name_or_path)
     kwargs = {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
               "dtype": m.dtype, "attn_implementation": m.attn_implementation, "num_labels": m.num_labels}
-    if m.task == "sequence_classification" and recipe.data.format == "classification":
+    if m.task == "sequence_classification":  # the recipe checks pair it with format: classification
         from hf_tune.data import dataset_labels
 
         labels = labels or dataset_labels(recipe)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
@@ -166,4 +165,3 @@ def test_missing_recipe_file_and_non_mapping(tmp_path):
     path.write_text("- a\n- b\n")
     with pytest.raises(HfTuneError, match="mapping"):
         load_recipe(path)
-    assert Path(REPO / "recipes" / "llm_lora.yaml").is_file()

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import DATA, REPO, SMOLLM2, chat_recipe, run_cli, write_recipe
+from conftest import DATA, SMOLLM2, chat_recipe, run_cli, write_recipe
 from hf_tune import load_recipe, train
 from hf_tune.chat import load_trained, reply
 
@@ -104,4 +104,3 @@ def test_notebook_example_runs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trainable params" in result.stdout and "model says:" in result.stdout
     assert (tmp_path / "nb" / "adapter_model.safetensors").is_file()
-    assert REPO.is_dir()

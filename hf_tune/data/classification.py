@@ -27,7 +27,7 @@ def tokenize_classification(raw: Dataset, tokenizer, data: DataSection, labels: 
     label2id = {name: i for i, name in enumerate(labels)}
     unknown = sorted({str(v) for v in raw.unique("label")} - label2id.keys()) if not isinstance(
         raw.features.get("label"), ClassLabel) else []
-    if unknown and not all(str(v).isdigit() and int(v) < len(labels) for v in unknown):
+    if unknown:
         raise HfTuneError(f"{key}: labels {unknown[:5]} do not occur in data.train (classes: {labels[:10]})\n"
                           "  fix: every eval label must be one of the training labels")
     pair = "text_pair" in raw.column_names
