@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test clean-runs
+.PHONY: setup demo test bench clean-runs
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/sft_throughput.py $(BENCH_ARGS)
 
 clean-runs:
 	rm -rf runs

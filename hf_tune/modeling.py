@@ -65,6 +65,19 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     return model
 
 
+def model_class(recipe: Recipe, model=None) -> type:
+    """The class of the (base) model: from a built model, unwrapped from PEFT, or else from the recipe's config."""
+    if model is not None:
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return type(model)
+    from transformers import AutoConfig
+
+    m = recipe.model
+    config = _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
+                              revision=m.revision, gguf_file=m.gguf_file, trust_remote_code=m.trust_remote_code)
+    return MODEL_CLASSES[m.task]._model_mapping[type(config)]
+
+
 def build_model_and_tokenizer(recipe: Recipe):
     tokenizer = build_tokenizer(recipe)
     return build_model(recipe, tokenizer), tokenizer

@@ -12,6 +12,7 @@ from hf_tune.errors import HfTuneError
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.loading import Recipe
 from hf_tune.recipe.schema import OptimSection
+from hf_tune.throughput import Throughput
 
 
 class HfTuneTrainer(Trainer):
@@ -19,14 +20,16 @@ class HfTuneTrainer(Trainer):
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
     optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
-    scales each group from its own peak. Logs add the LR of the lowest and highest group, and eval perplexity for
-    causal LMs.
+    scales each group from its own peak. Logs add the LR of the lowest and highest group, throughput (tokens/s,
+    MFU, peak memory: see ``hf_tune.throughput``), and eval perplexity for causal LMs.
     """
 
     def __init__(self, *args, optim: OptimSection | None = None, report_perplexity: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.optim = optim or OptimSection()
         self.report_perplexity = report_perplexity
+        self.throughput = Throughput(causal=report_perplexity)
+        self.add_callback(self.throughput)
 
     def train(self, *args, **kwargs):
         try:
@@ -49,6 +52,7 @@ class HfTuneTrainer(Trainer):
         return super().create_optimizer(model)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        self.throughput.add(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss).all():  # stop before the optimizer steps on garbage
             from hf_tune.checkpoints import NonFiniteLoss, last_complete_checkpoint
@@ -69,6 +73,8 @@ class HfTuneTrainer(Trainer):
             if peaks[0]:
                 logs["lr_min"] = logs["learning_rate"] * min(peaks) / peaks[0]
                 logs["lr_max"] = logs["learning_rate"] * max(peaks) / peaks[0]
+        if "loss" in logs or "train_runtime" in logs:  # a training log, or the end of training
+            logs.update(self.throughput.metrics(self.accelerator, final="train_runtime" in logs))
         if "eval_loss" in logs and self.report_perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
@@ -77,8 +83,9 @@ class HfTuneTrainer(Trainer):
 def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
                   **kwargs) -> HfTuneTrainer:
     from hf_tune.checkpoints import CheckpointMarker
-    from hf_tune.data import build_collator
+    from hf_tune.data import build_collator, causal_lm_loss
     from hf_tune.evaluation import build_callbacks, build_compute_metrics
+    from hf_tune.modeling import model_class
     from hf_tune.tracking import RecipeToTrackers
 
     return HfTuneTrainer(
@@ -87,7 +94,8 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=build_collator(recipe, tokenizer),
+        data_collator=build_collator(recipe, tokenizer, model_class(recipe, model)),
+        compute_loss_func=causal_lm_loss if recipe.model.task == "causal_lm" else None,
         compute_metrics=build_compute_metrics(recipe.evaluation),
         callbacks=[CheckpointMarker(), RecipeToTrackers(recipe), *build_callbacks(recipe.evaluation)],
         optim=recipe.optim,

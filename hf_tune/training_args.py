@@ -21,6 +21,8 @@ def training_kwargs(recipe: Recipe) -> dict:
     kwargs = dict(recipe.training)
     if "use_cpu" not in kwargs and not accelerator_available():
         kwargs["use_cpu"] = True  # without it, a CPU run under torchrun trains each rank alone
+    if recipe.data.batch_tokens and "per_device_train_batch_size" not in kwargs:
+        kwargs["per_device_train_batch_size"] = 1  # one pack of up to data.batch_tokens tokens per step and device
     return kwargs
 
 

@@ -30,10 +30,29 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     for name in recipe.evaluation.metrics:
         metric_path(name)
     _check_early_stopping(recipe, evaluating)
+    _check_batching(recipe, classifying)
     _check_deepspeed(recipe, optim_given)
     _check_push(recipe)
     if recipe.search is not None:
         _check_search(recipe, evaluating)
+
+
+def _check_batching(recipe: Recipe, classifying: bool) -> None:
+    data, training = recipe.data, recipe.training
+    for key in ("padding_free", "batch_tokens"):
+        if classifying and getattr(data, key):
+            raise RecipeError(f"data.{key}", "applies to causal LM formats; a classification batch is padded",
+                              fix=f"remove data.{key}")
+    if data.batch_tokens is None:
+        return
+    if data.batch_tokens < data.max_length:
+        raise RecipeError("data.batch_tokens", f"({data.batch_tokens}) is below data.max_length ({data.max_length}): "
+                          "the longest examples would not fit a pack", fix="raise data.batch_tokens or lower "
+                          "data.max_length")
+    if training.get("train_sampling_strategy") == "group_by_length":
+        raise RecipeError("training.train_sampling_strategy", "group_by_length would sort packs by their number of "
+                          "examples; data.batch_tokens already groups examples by length",
+                          fix="remove training.train_sampling_strategy (or data.batch_tokens)")
 
 
 SEARCHABLE_SECTIONS = ("training", "lora", "optim", "model")

@@ -36,6 +36,9 @@ class ModelSection(_Section):
     attn_implementation: str | None = None
     trust_remote_code: bool = False
     num_labels: PositiveInt | None = None
+    logits_to_keep: Literal["trained", "all"] = Field(
+        default="trained", description="causal LM training: project onto the vocabulary only the positions whose next "
+                                       "token is trained (same loss, less compute and memory), or all positions")
 
 
 class DatasetSource(_Section):
@@ -61,6 +64,12 @@ class DataSection(_Section):
         default=None, description="Jinja template text or a path to a .jinja file; default: the tokenizer's own"
     )
     num_proc: PositiveInt | None = Field(default=None, description="processes for tokenization")
+    padding_free: bool | None = Field(
+        default=None, description="causal LM: concatenate a batch into one row with restarting position_ids (no pad "
+                                  "tokens, no attention across examples); default: on where the model supports it")
+    batch_tokens: PositiveInt | None = Field(
+        default=None, description="causal LM: pack whole examples, grouped by length, into samples of at most this "
+                                  "many tokens; per_device_train_batch_size then counts packs (default 1)")
 
     @model_validator(mode="after")
     def _one_eval_source(self) -> "DataSection":

@@ -1,0 +1,254 @@
+"""SFT throughput: hf_tune's default LLM recipe against plain Trainer setups and TRL, side by side in one run.
+
+    python benchmarks/sft_throughput.py                 # or: make bench   (needs the bench extra: pip install -e .[bench])
+    python benchmarks/sft_throughput.py --examples 400 --setups hf_tune,flattening
+
+Every setup trains the embedded SmolLM2-135M-Instruct with the same LoRA (r=16, all linear layers), learning rate,
+seed and about 1,000 tokens per step for one epoch over the same chats, each in its own process (one at a time: run
+it on an idle machine). The chats are built offline from the docstrings of Python's standard library (20 to 1,024
+tokens, mean about 120). Reported: real (non-pad) tokens per second over the epoch, its ratio to hf_tune, peak RSS,
+the mean training loss, the loss on 32 held-out chats, and MFU: the FLOPs the training needs (hf_tune.throughput's
+count, identical for every setup) over the measured matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import platform
+import pkgutil
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODEL = "embedded:SmolLM2-135M-Instruct"
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
+TRAINING = {"learning_rate": 2.0e-4, "num_train_epochs": 1, "lr_scheduler_type": "cosine", "warmup_steps": 0.1,
+            "weight_decay": 0.0, "logging_steps": 5, "save_strategy": "no", "eval_strategy": "no",
+            "report_to": "none", "seed": 42, "use_cpu": True, "dataloader_num_workers": 0}
+BATCH, BATCH_TOKENS, MAX_LENGTH = 8, 1024, 1024
+SETUPS = {
+    "hf_tune": "hf_tune default recipe (token-budget packs of 1,024)",
+    "padded": "plain Trainer, padded batches of 8",
+    "flattening": "Trainer + DataCollatorWithFlattening, batches of 8",
+    "trl_default": "TRL SFTTrainer defaults, batches of 8",
+    "trl_fastest": "TRL packing bfd + padding-free, no checkpointing, rows of 1,024",
+    "handwritten": "hand-written Trainer script doing what hf_tune does",
+}
+
+
+# ---------------------------------------------------------------- data
+
+def stdlib_docstrings() -> list[tuple[str, str]]:
+    """(qualified name, docstring) of public functions and classes of pure-Python standard library modules."""
+    found = []
+    skip = ("test", "idlelib", "tkinter", "turtle", "antigravity", "this", "lib2to3", "ensurepip", "pydoc_data")
+    for info in sorted(pkgutil.iter_modules(), key=lambda m: m.name):
+        path = getattr(info.module_finder, "path", "")
+        if info.name.startswith("_") or info.name in skip or "site-packages" in path or not path:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = __import__(info.name)
+        except Exception:  # noqa: BLE001 - platform-specific modules
+            continue
+        for name, obj in sorted(vars(module).items()):
+            if name.startswith("_") or getattr(obj, "__module__", None) != info.name:
+                continue
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and inspect.getdoc(obj):
+                found.append((f"{info.name}.{name}", inspect.getdoc(obj)))
+    return found
+
+
+def build_chats(n: int, seed: int = 0) -> list[dict]:
+    """Chats asking what a standard-library function or class does, answered with its docstring."""
+    questions = ["What does `{}` do?", "Explain `{}` from the Python standard library.", "How do I use `{}`?"]
+    rng = random.Random(seed)
+    docs = stdlib_docstrings()
+    rng.shuffle(docs)
+    return [{"messages": [{"role": "user", "content": rng.choice(questions).format(name)},
+                          {"role": "assistant", "content": doc}]} for name, doc in docs[:n]]
+
+
+def write_data(folder: Path, n: int) -> tuple[Path, Path]:
+    chats = build_chats(n + 32)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = folder / "train.jsonl", folder / "eval.jsonl"
+    for path, rows in zip(paths, (chats[:n], chats[n:])):
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
+
+
+# ---------------------------------------------------------------- one setup, in its own process
+
+def recipe_dict(train: Path, out: Path) -> dict:
+    """recipes/llm_lora.yaml as shipped, pointed at the benchmark data for one epoch with the shared settings."""
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "llm_lora.yaml").read_text())
+    recipe["lora"] = dict(LORA)
+    recipe["data"].update(train={"path": str(train)}, max_length=MAX_LENGTH)
+    recipe["data"].pop("eval_split", None)
+    recipe["training"] = {"output_dir": str(out), "resume_from_checkpoint": "never", **TRAINING,
+                          **{k: v for k, v in recipe["training"].items() if k.startswith("per_device_train")}}
+    return recipe
+
+
+def run_setup(setup: str, train: Path, evaluation: Path, out: Path) -> dict:
+    import torch
+    from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    from hf_tune import build_datasets, build_model_and_tokenizer, load_recipe, train as hf_train
+    from hf_tune.data import causal_lm_loss
+    from hf_tune.data.packing import CausalLMCollator, pack_by_token_budget
+
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run folder: hf_tune refuses to start over a finished run
+    raw = recipe_dict(train, out)
+    plain = {**raw, "data": {**raw["data"], "batch_tokens": None, "eval": {"path": str(evaluation)}}}
+    model, tokenizer = build_model_and_tokenizer(load_recipe(plain))
+    trained_set, eval_set = build_datasets(load_recipe(plain), tokenizer)
+    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=BATCH, **TRAINING)
+    if setup == "hf_tune":
+        del model
+        trainer = hf_train(load_recipe(raw))
+        model, metrics = trainer.model, json.loads((out / "train_results.json").read_text())
+    elif setup in ("padded", "flattening"):
+        collator = (DataCollatorWithFlattening() if setup == "flattening" else
+                    DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100))
+        trainer = Trainer(model=model, args=args, train_dataset=trained_set, data_collator=collator)
+        metrics = trainer.train().metrics
+    elif setup == "handwritten":
+        packs = pack_by_token_budget(trained_set, BATCH_TOKENS, 42)
+        args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=1, **TRAINING)
+        trainer = Trainer(model=model, args=args, train_dataset=packs, compute_loss_func=causal_lm_loss,
+                          data_collator=CausalLMCollator(tokenizer, padding_free=False, trainable_logits_only=True))
+        metrics = trainer.train().metrics
+    else:
+        trainer = run_trl(setup, model, tokenizer, train, out)
+        model, metrics = trainer.model, trainer.state.log_history[-1]
+    tokens = sum(len(ids) for ids in trained_set["input_ids"])
+    return {"setup": setup, "tokens": tokens, "seconds": metrics["train_runtime"], "train_loss": metrics["train_loss"],
+            "eval_loss": held_out_loss(model, tokenizer, eval_set), "flops": needed_flops(model, trained_set),
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "threads": torch.get_num_threads()}
+
+
+def run_trl(setup: str, model, tokenizer, train: Path, out: Path) -> dict:
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    def to_prompt_completion(row):  # completion-only loss, as hf_tune trains only the assistant turn
+        return {"prompt": row["messages"][:-1], "completion": row["messages"][-1:]}
+
+    data = load_dataset("json", data_files=str(train), split="train").map(to_prompt_completion,
+                                                                         remove_columns=["messages"])
+    fastest = setup == "trl_fastest"
+    config = SFTConfig(output_dir=str(out), max_length=MAX_LENGTH, per_device_train_batch_size=1 if fastest else BATCH,
+                       **({"packing": True, "packing_strategy": "bfd", "padding_free": True,
+                           "gradient_checkpointing": False} if fastest else {}), **TRAINING)
+    model = model.unload() if hasattr(model, "unload") else model  # TRL applies the same LoRA itself
+    from peft import LoraConfig
+
+    trainer = SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+                         peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA))
+    trainer.train()
+    return trainer
+
+
+def held_out_loss(model, tokenizer, eval_set) -> float:
+    """Mean next-token loss over the trained tokens of the held-out chats (the same function for every setup)."""
+    import torch
+    from transformers import DataCollatorForSeq2Seq
+
+    from hf_tune.data import causal_lm_loss
+
+    collate = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    model.eval()
+    total = count = 0.0
+    with torch.no_grad():
+        for i in range(0, len(eval_set), 8):
+            batch = collate([eval_set[j] for j in range(i, min(i + 8, len(eval_set)))])
+            labels = batch.pop("labels")
+            n = int((labels[:, 1:] != -100).sum())
+            total += causal_lm_loss(model(**batch), labels).item() * n
+            count += n
+    return total / count
+
+
+def needed_flops(model, trained_set) -> float:
+    """FLOPs that one epoch of training needs: the LM head on trained positions only (hf_tune.throughput's count)."""
+    from hf_tune.throughput import model_flops
+
+    flops = model_flops(model, causal=True)
+    trained = sum(sum(1 for a in labels[1:] if a != -100) for labels in trained_set["labels"])
+    return flops.batch_flops([len(ids) for ids in trained_set["input_ids"]], trained)
+
+
+# ---------------------------------------------------------------- the comparison
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=int, default=160, help="training chats (one epoch)")
+    parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}")
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one setup in this process
+    ns = parser.parse_args()
+    train, evaluation = ns.work / "data" / "train.jsonl", ns.work / "data" / "eval.jsonl"
+    if ns.run:
+        result = run_setup(ns.run, train, evaluation, ns.work / ns.run)
+        (ns.work / f"{ns.run}.json").write_text(json.dumps(result))
+        return
+    write_data(ns.work / "data", ns.examples)
+    from hf_tune.throughput import measured_peak_flops
+    import torch
+
+    peak = measured_peak_flops(torch.device("cpu"), torch.float32)
+    results = []
+    for setup in ns.setups.split(","):
+        print(f"== {setup}: {SETUPS[setup]}", flush=True)
+        (ns.work / f"{setup}.json").unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, __file__, "--run", setup, "--work", str(ns.work)])
+        if done.returncode == 0:
+            results.append(json.loads((ns.work / f"{setup}.json").read_text()))
+        else:  # -9: the kernel's OOM killer, as padded batches of long chats can need more than the machine has
+            results.append({"setup": setup, "failed": "killed: out of memory" if done.returncode == -9
+                            else f"failed (exit {done.returncode})"})
+    table = render(results, peak, ns)
+    print(table)
+    ns.results.write_text(table)
+
+
+def render(results: list[dict], peak: float, ns) -> str:
+    done = [r for r in results if "failed" not in r]
+    base = next((r for r in done if r["setup"] == "hf_tune"), done[0])
+    rate = {r["setup"]: r["tokens"] / r["seconds"] for r in done}
+    lines = ["# SFT throughput", "",
+             f"Command: `python benchmarks/sft_throughput.py --examples {ns.examples} --setups {ns.setups}`  ",
+             f"Date: {datetime.date.today()}; machine: {platform.processor() or platform.machine()}, "
+             f"{base['threads']} torch threads, no GPU; measured fp32 matmul peak {peak / 1e9:.0f} GFLOP/s.  ",
+             f"Data: {ns.examples} chats from standard-library docstrings, one epoch, "
+             f"{base['tokens']:,} real tokens; SmolLM2-135M-Instruct, LoRA r=16 on all linear layers.", "",
+             "| setup | real tok/s | × hf_tune | peak RSS GB | mean train loss | held-out loss | MFU |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "failed" in r:
+            lines.append(f"| {SETUPS[r['setup']]} | {r['failed']} | | | | | |")
+            continue
+        mfu = r["flops"] / r["seconds"] / peak
+        lines.append(f"| {SETUPS[r['setup']]} | {rate[r['setup']]:.0f} | {rate[r['setup']] / rate[base['setup']]:.2f} "
+                     f"| {r['peak_rss_gb']:.1f} | {r['train_loss']:.4f} | {r['eval_loss']:.4f} | {mfu:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

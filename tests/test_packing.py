@@ -1,0 +1,166 @@
+"""Padding-free batches, token-budget packs and the trained-positions loss give exactly the unpacked losses and
+gradients (hf_tune/data/packing.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import DATA, chat_recipe
+
+LENGTHS = [37, 5, 90, 12, 61, 3, 44, 20]  # deliberately ragged
+
+
+def make_examples(n_tokens: list[int], seed: int = 0, vocab: int = 1000) -> list[dict]:
+    """Examples whose labels mask a prompt of a third of the tokens, like a chat."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in n_tokens:
+        ids = torch.randint(10, vocab, (n,), generator=g).tolist()
+        prompt = n // 3
+        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def per_example_reference(model, example: dict) -> tuple[float, int]:
+    """Sum of next-token losses and the count of trained tokens of one example run alone (no batch, no padding)."""
+    model.eval()
+    ids = torch.tensor([example["input_ids"]])
+    labels = torch.tensor(example["labels"])
+    logits = model(input_ids=ids).logits[0, :-1]
+    targets = labels[1:]
+    keep = targets != -100
+    return F.cross_entropy(logits[keep], targets[keep], reduction="sum").item(), int(keep.sum())
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_per_example_losses_in_a_batch_equal_each_example_alone(tiny_model, smol_tokenizer, padding_free):
+    from hf_tune.data.packing import CausalLMCollator
+
+    examples = make_examples(LENGTHS)
+    batch = CausalLMCollator(smol_tokenizer, padding_free=padding_free, trainable_logits_only=False)(examples)
+    labels = batch.pop("labels")
+    tiny_model.train()  # as in training (the model has no dropout): a train-mode forward is where a cache once hid
+    with torch.no_grad():  # the packed-sequence mask
+        logits = tiny_model(**batch).logits
+        token_loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+        token_loss = token_loss * (labels[:, 1:] != -100)
+        if padding_free:  # one row: split it back into examples by where the positions restart
+            starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [labels.shape[1]]
+            sums = [token_loss[0, a:b - 1].sum().item() for a, b in zip(starts, starts[1:])]
+            assert token_loss[0, [b - 1 for b in starts[1:-1]]].abs().sum() == 0  # no target across a boundary
+        else:
+            sums = token_loss.sum(dim=1).tolist()
+        for example, got in zip(examples, sums):
+            expected, _ = per_example_reference(tiny_model, example)
+            assert got == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_the_trained_positions_loss_equals_the_mean_over_every_trained_token(tiny_model, smol_tokenizer,
+                                                                               padding_free):
+    from hf_tune.data.packing import CausalLMCollator, causal_lm_loss
+
+    examples = make_examples(LENGTHS, seed=1)
+    batch = CausalLMCollator(smol_tokenizer, padding_free=padding_free, trainable_logits_only=True)(examples)
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        outputs = tiny_model(**batch)
+        refs = [per_example_reference(tiny_model, e) for e in examples]
+    assert outputs.logits.shape[0] == sum(n for _, n in refs)  # only trained positions were projected
+    expected = sum(s for s, _ in refs) / sum(n for _, n in refs)
+    assert causal_lm_loss(outputs, labels).item() == pytest.approx(expected, rel=1e-5)
+    assert causal_lm_loss(outputs, labels, num_items_in_batch=torch.tensor(1000)).item() == pytest.approx(
+        sum(s for s, _ in refs) / 1000, rel=1e-5)
+
+
+def test_token_budget_packs_hold_every_example_once_grouped_by_length():
+    from datasets import Dataset
+
+    from hf_tune.data.packing import pack_by_token_budget
+
+    lengths = [int(x) for x in torch.randint(1, 120, (200,), generator=torch.Generator().manual_seed(0))]
+    examples = [{"input_ids": [i] * n, "labels": [i] * n} for i, n in enumerate(lengths)]  # id i marks example i
+    packs = pack_by_token_budget(Dataset.from_list(examples), batch_tokens=512, seed=3)
+    seen = sorted(ids[0] for pack in packs["input_ids"] for ids in pack)
+    assert seen == list(range(200))
+    sizes = [sum(len(ids) for ids in pack) for pack in packs["input_ids"]]
+    assert max(sizes) <= 512
+    assert sum(sizes[:-1]) / (len(sizes[:-1]) * 512) > 0.9  # nearly full packs (the last takes what is left)
+    spreads = [max(map(len, pack)) - min(map(len, pack)) for pack in packs["input_ids"]]
+    assert max(spreads) < 30  # similar lengths in a pack: little padding when padded
+    again = pack_by_token_budget(Dataset.from_list(examples), batch_tokens=512, seed=3)
+    assert again["input_ids"] == packs["input_ids"]
+
+
+def one_sgd_step(tmp_path, tiny_llama_dir, name: str, **data_and_training) -> dict[str, torch.Tensor]:
+    """Weights after one plain-SGD step (lr 1, no clipping) of a full fine-tune on the 8 examples in chats.jsonl."""
+    from safetensors.torch import load_file
+
+    from hf_tune import load_recipe, train
+
+    data = {k: data_and_training.pop(k) for k in ("padding_free", "batch_tokens") if k in data_and_training}
+    recipe = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=1, optim="sgd", learning_rate=1.0,
+                         max_grad_norm=0.0, lr_scheduler_type="constant", weight_decay=0.0, **data_and_training)
+    recipe["data"].update(train={"path": str(tmp_path / "chats.jsonl")}, max_length=512, **data)
+    recipe["model"]["dtype"] = "float32"
+    train(load_recipe(recipe))
+    return load_file(tmp_path / name / "model.safetensors")
+
+
+def reference_sgd_step(tiny_llama_dir, examples: list[dict]) -> dict[str, torch.Tensor]:
+    """The same step computed by hand: loss = every trained token's loss summed over the 8 examples (each run
+    alone) divided by their number of trained tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    total, count = 0.0, 0
+    for example in examples:
+        ids, labels = torch.tensor([example["input_ids"]]), torch.tensor(example["labels"])
+        logits = model(input_ids=ids).logits[0, :-1]
+        keep = labels[1:] != -100
+        total = total + F.cross_entropy(logits[keep], labels[1:][keep], reduction="sum")
+        count += int(keep.sum())
+    (total / count).backward()
+    with torch.no_grad():
+        return {name: p - p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_equals_the_full_batch_and_a_hand_computed_step(tmp_path, tiny_llama_dir,
+                                                                              smol_tokenizer):
+    """Batch 8 and batch 2 x 4 accumulation, padded and padding-free, and one token-budget pack, all give the
+    weights of one SGD step computed by hand (the transformers #34191 class of bug: per-micro-batch means)."""
+    from hf_tune.data.tokenization import tokenize_chat
+
+    chats = [json.loads(line) for line in (DATA / "chat_demo.jsonl").read_text().splitlines()]
+    chats = sorted(chats, key=lambda c: len(json.dumps(c)))[::50][:8]  # 8 chats of very different lengths
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    examples = []
+    for chat in chats:
+        ids, labels = tokenize_chat(smol_tokenizer, chat["messages"])
+        examples.append({"input_ids": ids, "labels": labels})
+    assert len({len(e["input_ids"]) for e in examples}) == 8
+    expected = reference_sgd_step(tiny_llama_dir, examples)
+    runs = {
+        "full-padded": one_sgd_step(tmp_path, tiny_llama_dir, "a", per_device_train_batch_size=8, padding_free=False),
+        "accum-padded": one_sgd_step(tmp_path, tiny_llama_dir, "b", per_device_train_batch_size=2,
+                                     gradient_accumulation_steps=4, padding_free=False),
+        "accum-flat": one_sgd_step(tmp_path, tiny_llama_dir, "c", per_device_train_batch_size=2,
+                                   gradient_accumulation_steps=4, padding_free=True),
+        "one-pack": one_sgd_step(tmp_path, tiny_llama_dir, "d", batch_tokens=4096, padding_free=True),
+    }
+    assert set(runs["full-padded"]) == set(expected)  # the tied head is one tensor in both
+    for run, weights in runs.items():
+        for name, value in expected.items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=2e-6, msg=f"{run}: {name}")

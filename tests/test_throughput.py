@@ -1,0 +1,92 @@
+"""Token counts and model FLOPs checked against counts made by hand; a run's throughput metrics (hf_tune/throughput.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import DATA, chat_recipe
+from tests.test_packing import make_examples
+
+
+def test_token_counter_counts_real_tokens_when_pad_is_eos(smol_tokenizer):
+    """The trap: pad = eos, so counting tokens != pad drops every end-of-turn token. Count from the mask instead."""
+    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.throughput import count_batch
+
+    eos = smol_tokenizer.eos_token_id
+    assert smol_tokenizer.pad_token_id == eos
+    examples = make_examples([9, 4, 15])
+    for e in examples:  # every example ends on an eos that is trained, as a chat turn does
+        e["input_ids"][-1] = e["labels"][-1] = eos
+    real = sum(len(e["input_ids"]) for e in examples)
+    trained = sum(sum(1 for label in e["labels"][1:] if label != -100) for e in examples)
+    for padding_free in (True, False):
+        batch = CausalLMCollator(smol_tokenizer, padding_free=padding_free, trainable_logits_only=True)(examples)
+        counts = count_batch(batch)
+        assert (counts.tokens, counts.trained_tokens, counts.examples) == (real, trained, 3)
+        assert counts.lengths == [9, 4, 15]
+        assert counts.head_positions == trained
+    padded = CausalLMCollator(smol_tokenizer, padding_free=False, trainable_logits_only=True)(examples)
+    assert int((padded["input_ids"] != smol_tokenizer.pad_token_id).sum()) < real  # what the naive count gets
+
+
+def hand_count(config, lengths: list[int], head_positions: int, lora_r: int | None) -> float:
+    """Training FLOPs of a Llama written out from its config: 2 FLOPs per weight and token forward; backward twice
+    that where weights train, once where only inputs need gradients; attention QK^T and PV over causal pairs."""
+    d, f, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    h, kv = config.num_attention_heads, config.num_key_value_heads
+    hd = d // h
+    per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f  # q, k, v, o, gate/up/down
+    tokens = sum(lengths)
+    causal_pairs = sum(n * (n + 1) / 2 for n in lengths)
+    attention_fwd = L * 2 * (2 * h * hd * causal_pairs)
+    linear_fwd = 2 * L * per_layer * tokens
+    head_fwd = 2 * V * d * head_positions
+    if lora_r is None:  # full fine-tune: every weight, the tied head included, gets gradients
+        return 3 * (attention_fwd + linear_fwd + head_fwd)
+    adapter = L * lora_r * ((d + h * hd) + 2 * (d + kv * hd) + (h * hd + d) + 2 * (d + f) + (f + d))
+    return 3 * attention_fwd + 2 * linear_fwd + 2 * head_fwd + 3 * 2 * adapter * tokens
+
+
+@pytest.mark.parametrize("lora_r", [None, 4])
+def test_model_flops_equal_a_hand_count(tiny_llama_dir, lora_r):
+    from transformers import AutoModelForCausalLM
+
+    from hf_tune.throughput import model_flops
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    config = model.config
+    if lora_r is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora_r, target_modules="all-linear", task_type="CAUSAL_LM"))
+    lengths, head_positions = [7, 30, 2], 21
+    got = model_flops(model, causal=True).batch_flops(lengths, head_positions)
+    assert got == pytest.approx(hand_count(config, lengths, head_positions, lora_r), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_a_run_reports_tokens_and_throughput_in_its_metrics(tmp_path, tiny_llama_dir, smol_tokenizer):
+    """One epoch over 24 chats, padded and packed: the run's token totals equal a count over the tokenized data."""
+    from hf_tune import load_recipe, train
+    from hf_tune.data.tokenization import tokenize_chat
+
+    chats = [json.loads(line) for line in (DATA / "chat_demo.jsonl").read_text().splitlines()][:24]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    tokenized = [tokenize_chat(smol_tokenizer, c["messages"]) for c in chats]
+    real = sum(len(ids) for ids, _ in tokenized)
+    trained = sum(sum(1 for label in labels[1:] if label != -100) for _, labels in tokenized)
+    recipe = chat_recipe(tiny_llama_dir, tmp_path / "run", num_train_epochs=1, max_steps=-1, logging_steps=2)
+    recipe["data"].update(train={"path": str(tmp_path / "chats.jsonl")}, max_length=512, batch_tokens=512)
+    train(load_recipe(recipe))
+    metrics = json.loads((tmp_path / "run" / "train_results.json").read_text())
+    assert metrics["train_tokens"] == real
+    assert metrics["train_trained_tokens"] == trained
+    assert metrics["train_tokens_per_second"] > 0 and 0 < metrics["train_mfu"] < 1
+    assert metrics["train_peak_memory_gb"] > 0.1
+    history = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["log_history"]
+    windows = [entry for entry in history if "tokens_per_second" in entry]
+    assert windows and all(w["step_time"] > 0 for w in windows)
