@@ -29,6 +29,12 @@ def _accelerate_processes_asked() -> int:
 
 
 def check_distributed(args) -> None:
+    if args.fsdp and args.device.type == "cpu":
+        raise HfTuneError(
+            "training.fsdp is set but this run is on CPU, where accelerate replaces FSDP with plain data parallelism "
+            "without saying so: nothing would be sharded\n"
+            "  fix: run FSDP on GPUs; on CPU shard with DeepSpeed ZeRO-3 (training.deepspeed: zero3), or remove "
+            "training.fsdp")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and args.world_size != launched:
         raise HfTuneError(

@@ -16,6 +16,40 @@ def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int,
     return max(math.ceil(batches_per_rank / accumulation), 1)
 
 
+def model_state_memory(total: int, trainable: int, largest_layer: int, world_size: int, mixed_precision: bool,
+                       param_bytes: int) -> dict[str, tuple[float, float]]:
+    """(accelerator bytes, CPU bytes) per rank for weights, gradients and AdamW states, by setup.
+
+    DeepSpeed's accounting (its ``estimate_zero{2,3}_model_states_mem_needs`` for a full fine-tune): under mixed
+    precision a trained parameter costs a 16-bit weight and gradient plus fp32 gradient, master weight and two Adam
+    moments (2 + 2 + 4 + 4 + 8 bytes; ZeRO-3 frees the 16-bit gradient once reduced); in fp32, weight 4 + gradient 4
+    + moments 8. ZeRO-2 partitions gradients and optimizer states over the ranks, ZeRO-3 the weights too and gathers
+    one layer at a time (``4 x largest_layer``);
+    offload moves what it partitions to CPU (the bundled zero3_offload offloads weights as well). Frozen weights
+    (LoRA's base) cost their weight only. Activations are not included: they scale with tokens per step.
+    """
+    n = world_size
+    weight = 2 if mixed_precision else param_bytes
+    partitioned = trainable * (18 if mixed_precision else 12)  # everything per trained parameter but its weight
+    partitioned3 = trainable * (16 if mixed_precision else 12)
+    gathered = 4 * largest_layer
+    ddp = total * param_bytes + trainable * param_bytes * 3  # weights, gradients, two Adam moments in the same dtype
+    return {
+        "no ZeRO (DDP)": (ddp, 0),
+        "ZeRO-2": (total * weight + partitioned / n, 0),
+        "ZeRO-2 offload": (total * weight, partitioned / n),
+        "ZeRO-3": (gathered + (total * weight + partitioned3) / n, 0),
+        "ZeRO-3 offload": (gathered, (total * weight + partitioned3) / n),
+    }
+
+
+def model_state_sizes(model) -> tuple[int, int, int]:
+    """Parameters (tied ones once), trained parameters, and the most parameters any one module holds itself."""
+    unique = {p.data_ptr(): p for p in model.parameters()}.values()
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), largest
+
+
 def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
     """Everything the run will do, computed with the real model, data, optimizer and scheduler. Writes
     ``lr_schedule.png`` (one line per optimizer group) into ``out_dir`` (default: the run's output_dir)."""
@@ -56,6 +90,11 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "groups": group_summary(infos),
         "trainable_params": sum(info.numel for info in infos),
     }
+    total, trainable, largest = model_state_sizes(model)
+    mixed = bool(args.bf16 or args.fp16)
+    param_bytes = next(model.parameters()).element_size()
+    result["memory_per_rank"] = model_state_memory(total, trainable, largest, world, mixed, param_bytes)
+    result["memory_precision"] = ("mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1])
     out = Path(out_dir or args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / "lr_schedule.png"))
@@ -94,5 +133,10 @@ def format_plan(result: dict) -> str:
     for row in result["groups"]:
         lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
                      f"{row['params']:>12,} {row['lr']:>11.3e} {row['weight_decay']:>6g}")
+    lines.append(f"\nmodel-state memory per rank ({result['world_size']} ranks, {result['memory_precision']}, AdamW; "
+                 "activations not included):")
+    lines.append(f"{'setup':<16} {'accelerator':>12} {'CPU':>10}")
+    for setup, (device, cpu) in result["memory_per_rank"].items():
+        lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB")
     lines.append(f"\nLR schedule plot: {result['lr_schedule_png']}")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""Run under the `deepspeed` launcher by test_optim.py: train from a recipe, then dump the param groups that the
-DeepSpeed engine's optimizer actually steps."""
+"""Run under the `deepspeed` launcher by test_optim.py / test_deepspeed.py: train from a recipe, then dump (per rank)
+the param groups that the DeepSpeed engine's optimizer actually steps and how each parameter is stored."""
 
 import json
 import sys
@@ -15,12 +15,25 @@ trainer = build_trainer(recipe, model, tokenizer, train_dataset, None, args)
 trainer.train()
 engine_optimizer = trainer.model_wrapped.optimizer
 stepped = getattr(engine_optimizer, "optimizer", engine_optimizer)  # the optimizer inside ZeRO's wrapper
+groups = [{"initial_lr": g["initial_lr"], "weight_decay": g["weight_decay"],
+           "numel": sum(p.numel() for p in g["params"])} for g in stepped.param_groups]
+if hasattr(engine_optimizer, "fp32_partitioned_groups_flat"):  # ZeRO-3 swaps each group's flat fp32 shard in only
+    for group in groups:                                       # while stepping it: count the shards themselves
+        group["numel"] = 0
+    for sub_group, flat in enumerate(engine_optimizer.fp32_partitioned_groups_flat):
+        groups[engine_optimizer.sub_group_to_group_id[sub_group]]["numel"] += flat.numel()
 report = {
+    "rank": args.process_index,
+    "world_size": args.world_size,
     "deepspeed": trainer.is_deepspeed_enabled,
     "engine": type(trainer.model_wrapped).__name__,
     "wrapper": type(engine_optimizer).__name__,
-    "groups": [{"initial_lr": g["initial_lr"], "weight_decay": g["weight_decay"],
-                "numel": sum(p.numel() for p in g["params"])} for g in stepped.param_groups],
+    "groups": groups,
+    # ZeRO-3: each rank holds a shard (ds_tensor) of every parameter; the module's own tensor is left empty
+    "params": {name: {"full": getattr(p, "ds_numel", p.numel()), "local": p.numel(),
+                      "shard": p.ds_tensor.numel() if hasattr(p, "ds_tensor") else None}
+               for name, p in trainer.model_wrapped.module.named_parameters()},
 }
-with open(report_path, "w") as f:
+suffix = f".rank{args.process_index}" if args.world_size > 1 else ""
+with open(report_path + suffix, "w") as f:
     json.dump(report, f)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -99,7 +100,8 @@ def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llam
 
 
 @pytest.mark.slow
-def test_two_process_zero2_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir):
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir, stage):
     import signal
     import time
 
@@ -112,7 +114,7 @@ def test_two_process_zero2_with_llrd_killed_and_resumed_matches_the_uninterrupte
     deepspeed = str(Path(sys.executable).parent / "deepspeed")
 
     def recipe(name: str) -> Path:
-        raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=16, deepspeed="zero2", save_strategy="steps",
+        raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=16, deepspeed=stage, save_strategy="steps",
                           save_steps=4, learning_rate=3e-3, seed=5)
         raw["optim"] = {"layerwise_lr_decay": 0.7}
         path = tmp_path / f"{name}.yaml"
@@ -122,12 +124,13 @@ def test_two_process_zero2_with_llrd_killed_and_resumed_matches_the_uninterrupte
     def command(path: Path, port: int) -> list[str]:
         return [deepspeed, "--num_gpus", "2", "--master_port", str(port), "--module", "hf_tune.run", str(path)]
 
-    reference = subprocess.run(command(recipe("reference"), 29631), cwd=REPO, env=env, capture_output=True, text=True,
+    port = 29631 if stage == "zero2" else 29641
+    reference = subprocess.run(command(recipe("reference"), port), cwd=REPO, env=env, capture_output=True, text=True,
                                timeout=900)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     killed = recipe("killed")
-    proc = subprocess.Popen(command(killed, 29632), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(killed, port + 1), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while not is_complete(tmp_path / "killed" / "checkpoint-8"):
@@ -135,7 +138,7 @@ def test_two_process_zero2_with_llrd_killed_and_resumed_matches_the_uninterrupte
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
     proc.wait()
-    resumed = subprocess.run(command(killed, 29633), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(command(killed, port + 2), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout + resumed.stderr
 
@@ -146,3 +149,90 @@ def test_two_process_zero2_with_llrd_killed_and_resumed_matches_the_uninterrupte
     assert len(losses("killed")) == 16 and losses("killed") == losses("reference")
     mine, theirs = load_file(tmp_path / "killed" / "model.safetensors"), load_file(tmp_path / "reference" / "model.safetensors")
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_tune(world):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    from hf_tune.plan import model_state_memory
+
+    total, largest = 134_515_008, 28_311_552  # SmolLM2-135M: all parameters; its embedding, the largest module
+    ours = model_state_memory(total, total, largest, world, mixed_precision=True, param_bytes=4)
+    assert ours["ZeRO-2"][0] == pytest.approx(estimate_zero2_model_states_mem_needs(total, world, 1, False)[1], abs=1)
+    assert ours["ZeRO-2 offload"][0] == estimate_zero2_model_states_mem_needs(total, world, 1, True)[1]
+    zero3 = estimate_zero3_model_states_mem_needs(total, largest, world, 1, cpu_offload=False)
+    assert ours["ZeRO-3"][0] == pytest.approx(zero3[1], abs=1)
+    offload = estimate_zero3_model_states_mem_needs(total, largest, world, 1, cpu_offload=True, cpu_offload_params=True)
+    assert ours["ZeRO-3 offload"][0] == offload[1]
+    assert ours["ZeRO-3 offload"][1] == pytest.approx(offload[0] / 1.5 / world)  # per rank, without its 1.5 buffer
+
+
+def test_plan_prints_model_state_memory_per_rank_for_lora_and_full(tmp_path, tiny_llama_dir):
+    """Counts from the tiny Llama's config by hand: fp32, world size 4, AdamW."""
+    from hf_tune.plan import format_plan, plan
+
+    config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
+    d, f, L, V = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]
+    kv = d // config["num_attention_heads"] * config["num_key_value_heads"]
+    total = V * d + L * (2 * d * d + 2 * d * kv + 3 * d * f + 2 * d) + d  # tied embedding, blocks, final norm
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run")
+    full = plan(load_recipe(raw), world_size=4, out_dir=tmp_path / "p1")
+    memory = full["memory_per_rank"]
+    assert memory["no ZeRO (DDP)"] == (16 * total, 0)  # weight, gradient, two moments: 4 bytes each
+    assert memory["ZeRO-2"] == (4 * total + 12 * total / 4, 0)
+    assert memory["ZeRO-3"] == (4 * V * d + 16 * total / 4, 0)  # the embedding is the largest module
+    raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+    adapters = L * 4 * ((d + d) + (d + kv))
+    lora = plan(load_recipe(raw), world_size=4, out_dir=tmp_path / "p2")["memory_per_rank"]
+    assert lora["no ZeRO (DDP)"] == (4 * (total + adapters) + 12 * adapters, 0)
+    assert lora["ZeRO-3 offload"] == (4 * V * d, (4 * (total + adapters) + 12 * adapters) / 4)
+    assert "ZeRO-3 offload" in format_plan(full) and "activations not included" in format_plan(full)
+
+
+@pytest.mark.slow
+def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
+    """Inside a real 2-rank ZeRO-3 run: each rank stores half of every parameter, and the optimizer DeepSpeed steps
+    holds hf_tune's layer-wise groups (LR and weight decay as the rule in test_optim computes them)."""
+    import collections
+
+    from transformers import AutoModelForCausalLM
+
+    from test_optim import BASE_LR, WD, expected
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=2, deepspeed="zero3", learning_rate=BASE_LR,
+                      weight_decay=WD)
+    raw["optim"] = {"layerwise_lr_decay": 0.5}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             "29597", str(REPO / "tests" / "deepspeed_probe.py"), str(recipe),
+                             str(tmp_path / "report.json")], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"report.json.rank{rank}").read_text()) for rank in (0, 1)]
+    assert [r["world_size"] for r in reports] == [2, 2] and "Stage3" in reports[0]["wrapper"]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    persistence = 10 * model.config.hidden_size  # Trainer's "auto" stage3_param_persistence_threshold
+    partitioned = 0
+    for name, p in model.named_parameters():
+        stored = [r["params"][name] for r in reports]
+        assert all(s["full"] == p.numel() and s["shard"] == math.ceil(p.numel() / 2) for s in stored), name
+        if p.numel() >= persistence:  # half on each rank, the full tensor gathered only while it is used
+            assert all(s["local"] == 0 for s in stored), name
+            partitioned += p.numel()
+    assert partitioned > 0.99 * sum(p.numel() for p in model.parameters())
+
+    want = collections.Counter()
+    for name, p in model.named_parameters():
+        want[expected(name, "llama", 2, 0.5)] += p.numel()
+    assert len(want) == 6
+    for rank_report in reports:
+        got = {(g["initial_lr"], g["weight_decay"]): g["numel"] for g in rank_report["groups"]}
+        assert len(got) == 6
+        for (lr, wd), numel in want.items():  # each rank steps its half of every group
+            match = [n for (glr, gwd), n in got.items() if glr == pytest.approx(lr) and gwd == wd]
+            assert len(match) == 1 and numel / 2 <= match[0] < numel / 2 + 64, ((lr, wd), numel, match)

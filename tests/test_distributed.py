@@ -71,3 +71,65 @@ def test_torchrun_ranks_that_would_train_alone_are_refused(tmp_path, tiny_llama_
     result = run("torchrun", "--nproc_per_node", "2", "--master_port", "29621", "-m", "hf_tune.run", str(recipe))
     assert result.returncode != 0
     assert "WORLD_SIZE=2" in result.stderr and "trains alone" in result.stderr
+
+
+def test_fsdp_wrap_classes_are_checked_against_the_model_when_the_recipe_loads(tmp_path, tiny_llama_dir):
+    from hf_tune import load_recipe
+    from hf_tune.errors import HfTuneError
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", fsdp="full_shard auto_wrap",
+                      fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayr"]})
+    with pytest.raises(HfTuneError, match=r"(?s)transformer_layer_cls_to_wrap.*LlamaDecoderLayr.*LlamaForCausalLM"
+                                          r".*did you mean 'LlamaDecoderLayer'"):
+        load_recipe(raw)
+    raw["training"]["fsdp_config"]["transformer_layer_cls_to_wrap"] = ["LlamaDecoderLayer"]
+    assert load_recipe(raw).training["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+
+
+def test_fsdp_on_cpu_is_refused_instead_of_silently_becoming_ddp(tmp_path, tiny_llama_dir):
+    from hf_tune import load_recipe, train
+    from hf_tune.errors import HfTuneError
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", fsdp="full_shard auto_wrap")
+    with pytest.raises(HfTuneError, match="(?s)training.fsdp is set but this run is on CPU.*ZeRO-3"):
+        train(load_recipe(raw))
+
+
+def test_the_shipped_fsdp2_accelerate_config_wraps_transformer_blocks():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(REPO / "examples" / "launch" / "fsdp2.yaml"))
+    assert str(config.distributed_type).endswith("FSDP")
+    assert config.fsdp_config["fsdp_version"] == 2
+    assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, launcher):
+    """Each "node" is its own launcher process with its node rank, as on a cluster without ssh."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    recipe = small_recipe(tmp_path, tiny_llama_dir, deepspeed="zero3")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    port = "29611" if launcher == "torchrun" else "29613"
+
+    def node(rank: int) -> list[str]:
+        if launcher == "torchrun":
+            return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
+                    "--master_addr", "127.0.0.1", "--master_port", port, "-m", "hf_tune.run", str(recipe)]
+        return [str(BIN / "deepspeed"), "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank),
+                "--master_addr", "127.0.0.1", "--master_port", port, "--module", "hf_tune.run", str(recipe)]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    nodes = [subprocess.Popen(node(rank), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for rank in (0, 1)]
+    outputs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "rank 0 of 2" in outputs[0] and "rank 1 of 2" in outputs[1]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["world_size"] == 2
+    AutoModelForCausalLM.from_pretrained(tmp_path / "run")  # consolidated from the two nodes' ZeRO-3 shards

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import DATA, chat_recipe
+from conftest import DATA, chat_recipe
 
 LENGTHS = [37, 5, 90, 12, 61, 3, 44, 20]  # deliberately ragged
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from tests.conftest import DATA, chat_recipe
-from tests.test_packing import make_examples
+from conftest import DATA, chat_recipe
+from test_packing import make_examples
 
 
 def test_token_counter_counts_real_tokens_when_pad_is_eos(smol_tokenizer):

@@ -32,6 +32,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     _check_early_stopping(recipe, evaluating)
     _check_batching(recipe, classifying)
     _check_deepspeed(recipe, optim_given)
+    _check_fsdp(recipe)
     _check_push(recipe)
     if recipe.search is not None:
         _check_search(recipe, evaluating)
@@ -150,6 +151,39 @@ _DS_MIRRORS = {
     "bf16.enabled": ("bf16", False),
     "fp16.enabled": ("fp16", False),
 }
+
+
+def _check_fsdp(recipe: Recipe) -> None:
+    """``training.fsdp_config.transformer_layer_cls_to_wrap`` must name block classes of the recipe's model (a typo
+    otherwise fails on the cluster, after the model has loaded)."""
+    training = recipe.training
+    config = training.get("fsdp_config") or {}
+    if not training.get("fsdp") or not isinstance(config, dict):
+        return
+    if training.get("deepspeed"):
+        raise RecipeError("training.fsdp", "is set together with training.deepspeed", fix="choose one of them")
+    key = next((k for k in ("transformer_layer_cls_to_wrap", "fsdp_transformer_layer_cls_to_wrap") if k in config),
+               None)
+    if key is None:
+        return
+    import sys
+
+    from torch import nn
+
+    from hf_tune.modeling import model_class
+
+    cls = model_class(recipe)
+    module = sys.modules[cls.__module__]
+    blocks = {name for name, obj in vars(module).items() if isinstance(obj, type) and issubclass(obj, nn.Module)}
+    wanted = config[key] if isinstance(config[key], list) else [config[key]]
+    for name in wanted:
+        if name not in blocks:
+            from hf_tune.recipe.upstream import did_you_mean
+
+            default = getattr(cls, "_no_split_modules", None) or sorted(blocks)
+            raise RecipeError(f"training.fsdp_config.{key}", f"{name!r} is not a module class of {cls.__name__}",
+                              fix=did_you_mean(name, sorted(blocks)) or f"use {default} (or remove the key: the "
+                              "model's own _no_split_modules are wrapped by default)")
 
 
 def resolve_deepspeed_config(value: str) -> Path:
