@@ -16,8 +16,9 @@ model, tokenizer = build_model_and_tokenizer(recipe)
 model.print_trainable_parameters()
 
 train_dataset, eval_dataset = build_datasets(recipe, tokenizer)
-first = train_dataset[0]
-print("first example, trained part:", repr(tokenizer.decode([t for t in first["labels"] if t != -100])))
+first = train_dataset[0]["labels"]  # with data.batch_tokens a row is a pack: a list of examples
+first = first[0] if first and isinstance(first[0], list) else first
+print("first example, trained part:", repr(tokenizer.decode([t for t in first if t != -100])))
 
 trainer = build_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args)
 trainer.train()

@@ -17,10 +17,20 @@ check_distributed(args)
 model, tokenizer = build_model_and_tokenizer(recipe)
 train_dataset, _ = build_datasets(recipe, tokenizer, args)
 trainer = build_trainer(recipe, model, tokenizer, train_dataset, None, args)
+
+
+def examples(batch):
+    """Token ids of each example in a batch: padded rows (attention mask) or one flattened row (position_ids)."""
+    if "attention_mask" in batch:
+        return [ids[mask.bool()] for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    row, positions = batch["input_ids"][0], batch["position_ids"][0]
+    starts = (positions == 0).nonzero().flatten().tolist() + [len(row)]
+    return [row[a:b] for a, b in zip(starts, starts[1:])]
+
+
 seen = []
 for batch in trainer.get_train_dataloader():  # the rank's shard, as Trainer draws it
-    for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
-        seen.append(hashlib.sha256(ids[mask.bool()].numpy().tobytes()).hexdigest()[:16])
+    seen += [hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16] for ids in examples(batch)]
 trainer.train()
 digest = hashlib.sha256()
 for _, p in sorted(trainer.model.named_parameters()):
