@@ -113,7 +113,9 @@ def run_setup(setup: str, train: Path, evaluation: Path, out: Path) -> dict:
 
     shutil.rmtree(out, ignore_errors=True)  # a fresh run folder: hf_tune refuses to start over a finished run
     raw = recipe_dict(train, out)
-    plain = {**raw, "data": {**raw["data"], "batch_tokens": None, "eval": {"path": str(evaluation)}}}
+    plain = {**raw, "data": {**raw["data"], "batch_tokens": None, "eval": {"path": str(evaluation)}},
+             # the upstream setups get PEFT's own LoRA (nn.Dropout); the hand-written one does what hf_tune does
+             "model": {**raw["model"], "fast_lora_dropout": setup == "handwritten"}}
     model, tokenizer = build_model_and_tokenizer(load_recipe(plain))
     trained_set, eval_set = build_datasets(load_recipe(plain), tokenizer)
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=BATCH, **TRAINING)

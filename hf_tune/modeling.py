@@ -62,6 +62,10 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         if recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"):
             model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
         model = get_peft_model(model, LoraConfig(task_type=PEFT_TASK_TYPES[m.task], **recipe.lora))
+        if m.fast_lora_dropout:
+            from hf_tune.dropout import use_fast_lora_dropout
+
+            use_fast_lora_dropout(model)
     return model
 
 
