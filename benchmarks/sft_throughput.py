@@ -154,7 +154,9 @@ def run_trl(setup: str, model, tokenizer, train: Path, out: Path) -> dict:
     data = load_dataset("json", data_files=str(train), split="train").map(to_prompt_completion,
                                                                          remove_columns=["messages"])
     fastest = setup == "trl_fastest"
+    # bf16=False: TRL 1.x defaults to bf16 autocast even on CPU (without AMX, >100 s a step here); every setup is fp32
     config = SFTConfig(output_dir=str(out), max_length=MAX_LENGTH, per_device_train_batch_size=1 if fastest else BATCH,
+                       bf16=False,
                        **({"packing": True, "packing_strategy": "bfd", "padding_free": True,
                            "gradient_checkpointing": False} if fastest else {}), **TRAINING)
     model = model.unload() if hasattr(model, "unload") else model  # TRL applies the same LoRA itself
@@ -203,6 +205,8 @@ def main() -> None:
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the results of setups already measured in --work (same data) and run the rest")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one setup in this process
     ns = parser.parse_args()
     train, evaluation = ns.work / "data" / "train.jsonl", ns.work / "data" / "eval.jsonl"
@@ -218,6 +222,9 @@ def main() -> None:
     results = []
     for setup in ns.setups.split(","):
         print(f"== {setup}: {SETUPS[setup]}", flush=True)
+        if ns.reuse and (ns.work / f"{setup}.json").is_file():
+            results.append(json.loads((ns.work / f"{setup}.json").read_text()))
+            continue
         (ns.work / f"{setup}.json").unlink(missing_ok=True)
         done = subprocess.run([sys.executable, __file__, "--run", setup, "--work", str(ns.work)])
         if done.returncode == 0:
