@@ -2,6 +2,7 @@
 
     python benchmarks/sft_throughput.py                 # or: make bench   (needs the bench extra: pip install -e .[bench])
     python benchmarks/sft_throughput.py --examples 400 --setups hf_tune,flattening
+    python benchmarks/sft_throughput.py --repeat 3      # hf_tune and the hand-written script 3 times each, interleaved
 
 Every setup trains the embedded SmolLM2-135M-Instruct with the same LoRA (r=16, all linear layers), learning rate,
 seed and about 1,000 tokens per step for one epoch over the same chats, each in its own process (one at a time: run
@@ -207,57 +208,91 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the results of setups already measured in --work (same data) and run the rest")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each --repeat-setups setup, in interleaved rounds; the table reports the median")
+    parser.add_argument("--repeat-setups", default="hf_tune,handwritten",
+                        help="the setups run --repeat times (default: the close comparison); the others run once")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one setup in this process
     ns = parser.parse_args()
     train, evaluation = ns.work / "data" / "train.jsonl", ns.work / "data" / "eval.jsonl"
     if ns.run:
         result = run_setup(ns.run, train, evaluation, ns.work / ns.run)
-        (ns.work / f"{ns.run}.json").write_text(json.dumps(result))
+        (ns.work / f"{ns.run}.last.json").write_text(json.dumps(result))
         return
     write_data(ns.work / "data", ns.examples)
     from hf_tune.throughput import measured_peak_flops
     import torch
 
     peak = measured_peak_flops(torch.device("cpu"), torch.float32)
-    results = []
-    for setup in ns.setups.split(","):
-        print(f"== {setup}: {SETUPS[setup]}", flush=True)
-        if ns.reuse and (ns.work / f"{setup}.json").is_file():
-            results.append(json.loads((ns.work / f"{setup}.json").read_text()))
-            continue
-        (ns.work / f"{setup}.json").unlink(missing_ok=True)
-        done = subprocess.run([sys.executable, __file__, "--run", setup, "--work", str(ns.work)])
-        if done.returncode == 0:
-            results.append(json.loads((ns.work / f"{setup}.json").read_text()))
-        else:  # -9: the kernel's OOM killer, as padded batches of long chats can need more than the machine has
-            results.append({"setup": setup, "failed": "killed: out of memory" if done.returncode == -9
-                            else f"failed (exit {done.returncode})"})
+    setups = ns.setups.split(",")
+    unknown = sorted(set(setups) - set(SETUPS))
+    if unknown:
+        parser.error(f"unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
+    runs: dict[str, list[dict]] = {}
+    for setup in setups:
+        saved = ns.work / f"{setup}.json"
+        runs[setup] = json.loads(saved.read_text()) if ns.reuse and saved.is_file() else []
+        if not isinstance(runs[setup], list):  # a file from before --repeat: one run
+            runs[setup] = [runs[setup]]
+    # Rounds: every setup once per round, so a drift of the machine's speed hits all setups alike.
+    wanted = {setup: ns.repeat if setup in ns.repeat_setups.split(",") else 1 for setup in setups}
+    for round_ in range(ns.repeat):
+        for setup in setups:
+            if round_ >= wanted[setup] or len(runs[setup]) > round_ or (runs[setup] and "failed" in runs[setup][0]):
+                continue
+            print(f"== {setup} (run {round_ + 1} of {wanted[setup]}): {SETUPS[setup]}", flush=True)
+            runs[setup].append(run_in_subprocess(setup, ns.work))
+            (ns.work / f"{setup}.json").write_text(json.dumps(runs[setup]))
+    results = [summarise(runs[setup][:wanted[setup]]) for setup in setups]
     table = render(results, peak, ns)
     print(table)
     ns.results.write_text(table)
+
+
+def run_in_subprocess(setup: str, work: Path) -> dict:
+    (work / f"{setup}.last.json").unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, __file__, "--run", setup, "--work", str(work)])
+    if done.returncode == 0:
+        return json.loads((work / f"{setup}.last.json").read_text())
+    # -9: the kernel's OOM killer, as padded batches of long chats can need more than the machine has
+    return {"setup": setup, "failed": "killed: out of memory" if done.returncode == -9
+            else f"failed (exit {done.returncode})"}
+
+
+def summarise(runs: list[dict]) -> dict:
+    """The run with the median time stands for the setup; the spread of tokens/s over all runs goes with it."""
+    if "failed" in runs[0]:
+        return runs[0]
+    ordered = sorted(runs, key=lambda r: r["seconds"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["rates"] = [r["tokens"] / r["seconds"] for r in ordered]
+    return median
 
 
 def render(results: list[dict], peak: float, ns) -> str:
     done = [r for r in results if "failed" not in r]
     base = next((r for r in done if r["setup"] == "hf_tune"), done[0])
     rate = {r["setup"]: r["tokens"] / r["seconds"] for r in done}
+    repeat = f" --repeat {ns.repeat} --repeat-setups {ns.repeat_setups}" if ns.repeat > 1 else ""
     lines = ["# SFT throughput", "",
-             f"Command: `python benchmarks/sft_throughput.py --examples {ns.examples} --setups {ns.setups}`  ",
+             f"Command: `python benchmarks/sft_throughput.py --examples {ns.examples} --setups {ns.setups}{repeat}`  ",
              f"Date: {datetime.date.today()}; machine: {platform.processor() or platform.machine()}, "
              f"{base['threads']} torch threads, no GPU; measured fp32 matmul peak {peak / 1e9:.0f} GFLOP/s.  ",
              f"Data: {ns.examples} chats from standard-library docstrings, one epoch, "
-             f"{base['tokens']:,} real tokens; SmolLM2-135M-Instruct, LoRA r=16 on all linear layers.", "",
-             "| setup | real tok/s | × hf_tune | peak RSS GB | mean train loss | held-out loss | MFU |",
+             f"{base['tokens']:,} real tokens; SmolLM2-135M-Instruct, LoRA r=16 on all linear layers.  ",
+             "Tokens/s: the median run; in brackets every run's, in rounds that ran each setup once.", "",
+             "| setup | real tok/s | hf_tune is | peak RSS GB | mean train loss | held-out loss | MFU |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         if "failed" in r:
             lines.append(f"| {SETUPS[r['setup']]} | {r['failed']} | | | | | |")
             continue
         mfu = r["flops"] / r["seconds"] / peak
-        lines.append(f"| {SETUPS[r['setup']]} | {rate[r['setup']]:.0f} | {rate[r['setup']] / rate[base['setup']]:.2f} "
-                     f"| {r['peak_rss_gb']:.1f} | {r['train_loss']:.4f} | {r['eval_loss']:.4f} | {mfu:.0%} |")
+        spread = f" ({', '.join(f'{x:.0f}' for x in r['rates'])})" if len(r.get("rates", ())) > 1 else ""
+        lines.append(f"| {SETUPS[r['setup']]} | {rate[r['setup']]:.0f}{spread} "
+                     f"| {rate[base['setup']] / rate[r['setup']]:.2f}× | {r['peak_rss_gb']:.1f} "
+                     f"| {r['train_loss']:.4f} | {r['eval_loss']:.4f} | {mfu:.0%} |")
     return "\n".join(lines) + "\n"
-
 
 if __name__ == "__main__":
     main()
