@@ -65,7 +65,8 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         if m.fast_lora_dropout:
             from hf_tune.dropout import use_fast_lora_dropout
 
-            use_fast_lora_dropout(model)
+            swapped = use_fast_lora_dropout(model)
+            logger.info("LoRA dropout: hf_tune.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
     return model
 
 
