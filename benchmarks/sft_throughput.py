@@ -219,6 +219,10 @@ def main() -> None:
                         help="the setups run --repeat times (default: the close comparison); the others run once")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one setup in this process
     ns = parser.parse_args()
+    setups = ns.setups.split(",")
+    unknown = sorted(set(setups) - set(SETUPS))
+    if unknown:
+        parser.error(f"unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
     train, evaluation = ns.work / "data" / "train.jsonl", ns.work / "data" / "eval.jsonl"
     if ns.run:
         result = run_setup(ns.run, train, evaluation, ns.work / ns.run)
@@ -229,10 +233,6 @@ def main() -> None:
     import torch
 
     peak = measured_peak_flops(torch.device("cpu"), torch.float32)
-    setups = ns.setups.split(",")
-    unknown = sorted(set(setups) - set(SETUPS))
-    if unknown:
-        parser.error(f"unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
     runs: dict[str, list[dict]] = {}
     for setup in setups:
         saved = ns.work / f"{setup}.json"
@@ -298,6 +298,7 @@ def render(results: list[dict], peak: float, ns) -> str:
                      f"| {rate[base['setup']] / rate[r['setup']]:.2f}× | {r['peak_rss_gb']:.1f} "
                      f"| {r['train_loss']:.4f} | {r['eval_loss']:.4f} | {mfu:.0%} |")
     return "\n".join(lines) + "\n"
+
 
 if __name__ == "__main__":
     main()
