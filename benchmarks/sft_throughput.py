@@ -117,8 +117,10 @@ def run_setup(setup: str, train: Path, evaluation: Path, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a fresh run folder: hf_tune refuses to start over a finished run
     raw = recipe_dict(train, out)
     plain = {**raw, "data": {**raw["data"], "batch_tokens": None, "eval": {"path": str(evaluation)}},
-             # the upstream setups get PEFT's own LoRA (nn.Dropout); the hand-written one does what hf_tune does
-             "model": {**raw["model"], "fast_lora_dropout": setup == "handwritten"}}
+             # the upstream setups get PEFT's own LoRA (nn.Dropout) and transformers' SDPA; the hand-written one
+             # does what hf_tune does (FastDropout, sdpa_varlen with flattened packs)
+             "model": {**raw["model"], "fast_lora_dropout": setup == "handwritten",
+                       "attn_implementation": "sdpa_varlen" if setup == "handwritten" else "sdpa"}}
     model, tokenizer = build_model_and_tokenizer(load_recipe(plain))
     trained_set, eval_set = build_datasets(load_recipe(plain), tokenizer)
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=BATCH, **TRAINING)
@@ -138,7 +140,8 @@ def run_setup(setup: str, train: Path, evaluation: Path, out: Path) -> dict:
         packs = pack_by_token_budget(trained_set, BATCH_TOKENS, 42)
         args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=1, **TRAINING)
         trainer = Trainer(model=model, args=args, train_dataset=packs, compute_loss_func=causal_lm_loss,
-                          data_collator=CausalLMCollator(tokenizer, padding_free=False, trainable_logits_only=True))
+                          data_collator=CausalLMCollator(tokenizer, padding_free=True, trainable_logits_only=True,
+                                                         example_boundaries=True))
         metrics = trainer.train().metrics
     else:
         trainer = run_trl(setup, model, tokenizer, train, out)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from hf_tune.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
 from hf_tune.errors import RecipeError
 from hf_tune.hub import hub_is_reachable
@@ -54,6 +55,9 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
                       label2id={name: i for i, name in enumerate(labels)})
     model = _from_pretrained(MODEL_CLASSES[m.task], path, recipe, **{k: v for k, v in kwargs.items() if v is not None})
     drop_gguf_quantizer(model)
+    if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
+            and default_attn_implementation(m.task, type(model)) == SDPA_VARLEN):
+        model.set_attn_implementation(SDPA_VARLEN)  # transformers' SDPA, but flattened examples attend apart
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if recipe.lora is not None:

@@ -164,3 +164,86 @@ def test_gradient_accumulation_equals_the_full_batch_and_a_hand_computed_step(tm
     for run, weights in runs.items():
         for name, value in expected.items():
             torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=2e-6, msg=f"{run}: {name}")
+
+
+def test_sdpa_varlen_runs_each_flattened_example_apart_forward_and_backward(tiny_llama_dir, smol_tokenizer):
+    """The default causal-LM attention (hf_tune/attention.py) on a flattened row of ragged examples: the loss and
+    every gradient equal those of the examples run one by one through transformers' SDPA (GQA model: 4 query heads
+    on 2 key-value heads)."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_tune.attention import NAME
+    from hf_tune.data.packing import CausalLMCollator, causal_lm_loss
+
+    examples = make_examples(LENGTHS, seed=2)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation="sdpa")
+    total, count = 0.0, 0
+    for example in examples:
+        s, n = per_example_reference_with_grad(reference, example)
+        total, count = total + s, count + n
+    (total / count).backward()
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation=NAME)
+    assert model.config._attn_implementation == NAME
+    batch = CausalLMCollator(smol_tokenizer, padding_free=True, trainable_logits_only=True,
+                             example_boundaries=True)(examples)
+    assert batch["cu_seq_lens_q"].tolist() == [sum(LENGTHS[:i]) for i in range(len(LENGTHS) + 1)]
+    labels = batch.pop("labels")
+    model.train()
+    loss = causal_lm_loss(model(**batch), labels)
+    loss.backward()
+    assert loss.item() == pytest.approx((total / count).item(), rel=1e-5)
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def per_example_reference_with_grad(model, example: dict) -> tuple[torch.Tensor, int]:
+    ids, labels = torch.tensor([example["input_ids"]]), torch.tensor(example["labels"])
+    logits = model(input_ids=ids).logits[0, :-1]
+    keep = labels[1:] != -100
+    return F.cross_entropy(logits[keep], labels[1:][keep], reduction="sum"), int(keep.sum())
+
+
+def test_sdpa_varlen_is_plain_sdpa_on_padded_batches(tiny_llama_dir, smol_tokenizer):
+    """Without example boundaries (padded rows: evaluation, generation, data.padding_free: false) sdpa_varlen is
+    transformers' SDPA with its padding mask: the same logits at every real position."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_tune.attention import NAME
+    from hf_tune.data.packing import CausalLMCollator
+
+    batch = CausalLMCollator(smol_tokenizer, padding_free=False, trainable_logits_only=False)(
+        make_examples(LENGTHS, seed=3))
+    batch.pop("labels")
+    logits = {}
+    for implementation in ("sdpa", NAME):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32,
+                                                     attn_implementation=implementation)
+        with torch.no_grad():
+            logits[implementation] = model(**batch).logits
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(logits[NAME][real], logits["sdpa"][real], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("attn_implementation, padding_free, boundaries", [
+    (None, True, True),  # the default: sdpa_varlen, packs flattened with boundaries
+    ("sdpa", False, False),  # plain SDPA would compute a block mask over the whole pack: packs stay padded
+    ("flash_attention_2", True, True),
+])
+def test_the_collator_flattens_packs_where_the_attention_runs_examples_apart(tiny_llama_dir, smol_tokenizer,
+                                                                             attn_implementation, padding_free,
+                                                                             boundaries):
+    from transformers import LlamaForCausalLM
+
+    from hf_tune import load_recipe
+    from hf_tune.data import build_collator
+
+    recipe = chat_recipe(tiny_llama_dir, "unused")
+    recipe["data"]["batch_tokens"] = 512
+    if attn_implementation:
+        recipe["model"]["attn_implementation"] = attn_implementation
+    collator = build_collator(load_recipe(recipe), smol_tokenizer, LlamaForCausalLM)
+    batch = collator(make_examples(LENGTHS))
+    assert ("position_ids" in batch and batch["input_ids"].shape[0] == 1) == padding_free
+    assert ("cu_seq_lens_q" in batch) == boundaries

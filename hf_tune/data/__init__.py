@@ -7,6 +7,7 @@ import inspect
 from datasets import Dataset
 from transformers import DataCollatorWithPadding
 
+from hf_tune.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
 from hf_tune.data.classification import label_names, tokenize_classification
 from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.packing import CausalLMCollator, causal_lm_loss, pack_by_token_budget
@@ -59,20 +60,17 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None):
     trained`` and the model's forward takes ``logits_to_keep``."""
     if recipe.data.format == "classification":
         return DataCollatorWithPadding(tokenizer)
-    flash = "flash" in str(recipe.model.attn_implementation or "")
+    attention = recipe.model.attn_implementation or default_attn_implementation(recipe.model.task, model_class)
+    apart = runs_examples_apart(attention)
     padding_free = recipe.data.padding_free
     if padding_free is None:
-        # Flash attention runs each flattened example on its own. SDPA and eager compute the whole flattened
-        # row's scores under a block mask, which costs more than the little padding left in length-grouped packs
-        # (measured: 155 vs 179 tokens/s), so packs stay padded there; unpacked batches are flattened.
+        # Flash attention and sdpa_varlen (the default) run each flattened example on its own. Plain SDPA and eager
+        # compute the whole flattened row's scores under a block mask, which costs more than the little padding
+        # left in length-grouped packs (measured: 155 vs 179 tokens/s), so packs stay padded there.
         padding_free = (model_class is not None and supports_padding_free(model_class)
-                        and (flash or not recipe.data.batch_tokens))
+                        and (apart or not recipe.data.batch_tokens))
     trained_only = (recipe.model.logits_to_keep == "trained" and model_class is not None
                     and "logits_to_keep" in inspect.signature(model_class.forward).parameters)
-    return CausalLMCollator(tokenizer, padding_free, trained_only, flash_attention=flash)
+    return CausalLMCollator(tokenizer, padding_free, trained_only, example_boundaries=apart and padding_free)
 
 
-def supports_padding_free(model_class: type) -> bool:
-    """Models on transformers' attention interface build their masks with ``masking_utils``, which turns restarting
-    ``position_ids`` into per-example attention; older architectures would attend across the flattened examples."""
-    return bool(getattr(model_class, "_supports_attention_backend", False))

@@ -61,13 +61,15 @@ class CausalLMCollator:
     otherwise rows padded to the longest (labels padded with -100). ``trainable_logits_only``: adds
     ``logits_to_keep``, the boolean mask of positions whose next token is trained, so the model projects only those
     hidden states onto the vocabulary (the LM head is a large share of a small model's compute and memory).
+    ``example_boundaries``: a flattened batch also carries ``cu_seq_lens_*`` / ``max_length_*``, which varlen
+    attention (flash attention, ``sdpa_varlen``) reads to run each example on its own.
     """
 
-    def __init__(self, tokenizer, padding_free: bool, trainable_logits_only: bool, flash_attention: bool = False):
+    def __init__(self, tokenizer, padding_free: bool, trainable_logits_only: bool, example_boundaries: bool = False):
         self.padding_free = padding_free
         self.trainable_logits_only = trainable_logits_only
         if padding_free:
-            self.inner = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_attention)
+            self.inner = DataCollatorWithFlattening(return_flash_attn_kwargs=example_boundaries)
         else:
             self.inner = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX)
 

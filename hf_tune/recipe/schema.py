@@ -33,7 +33,10 @@ class ModelSection(_Section):
     revision: str | None = None
     gguf_file: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
-    attn_implementation: str | None = None
+    attn_implementation: str | None = Field(
+        default=None, description="from_pretrained's: eager | sdpa | flash_attention_2 | ..., or hf_tune's sdpa_varlen "
+                                  "(default for causal LMs on transformers' attention interface: SDPA that runs each "
+                                  "example of a flattened row apart, so packs need no padding; hf_tune.attention)")
     trust_remote_code: bool = False
     num_labels: PositiveInt | None = None
     logits_to_keep: Literal["trained", "all"] = Field(

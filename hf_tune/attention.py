@@ -1,0 +1,91 @@
+"""Padding-free attention on plain SDPA: every example of a flattened row attends to itself only, at its own cost.
+
+A flattened row (``DataCollatorWithFlattening``) saves the compute of pad tokens in every linear layer, norm and MLP.
+Flash attention then runs each example on its own (varlen kernels), but it needs a GPU and the flash-attn package;
+transformers' SDPA path instead turns the restarting ``position_ids`` into a block-diagonal mask over the whole row
+and computes ``(sum of lengths)**2`` scores instead of ``sum(length**2)``: on this CPU that cost more than the padding
+it saves (155 vs 179 tokens/s), so hf_tune used to keep packs padded there.
+
+``sdpa_varlen`` does what the varlen kernels do with the SDPA that every torch has: it gathers the row's examples
+into a right-padded ``[examples, heads, longest, head_dim]`` batch, runs one causal SDPA call (with right padding the
+causal mask already hides the pad keys from every real query, so no mask is needed) and gathers the real positions
+back. Only attention sees padding, and only up to the longest example of the step. Register it with
+``attn_implementation: sdpa_varlen`` (the default for causal LMs on transformers' attention interface); whenever a
+forward carries no flattened-row boundaries (padded batches, evaluation, generation) it is transformers' own SDPA
+attention with transformers' own SDPA masks.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "sdpa_varlen"
+
+
+def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                  value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                                  scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers attention-function signature: ``query`` ``[1, heads, tokens, dim]``, ``key``/``value`` with the
+    key-value heads; returns ``([1, tokens, heads, dim], None)``."""
+    starts = kwargs.get("cu_seq_lens_q")
+    if not _is_flattened_self_attention(module, query, key, starts, kwargs):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    gather, scatter, examples, longest = _layout(starts, kwargs.get("max_length_q"), query.shape[2])
+
+    def regroup(states: torch.Tensor) -> torch.Tensor:  # [1, heads, tokens, dim] -> [examples, heads, longest, dim]
+        tokens_first = states[0].transpose(0, 1)
+        padded = tokens_first.index_select(0, gather)
+        return padded.view(examples, longest, *tokens_first.shape[1:]).transpose(1, 2)
+
+    gqa = query.shape[1] != key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        regroup(query), regroup(key), regroup(value), dropout_p=dropout, is_causal=True, scale=scaling,
+        enable_gqa=gqa)
+    out = out.transpose(1, 2).reshape(examples * longest, *out.shape[1:2], out.shape[-1])
+    return out.index_select(0, scatter).unsqueeze(0), None
+
+
+def _is_flattened_self_attention(module, query, key, starts, kwargs) -> bool:
+    """A flattened training row: one row, example boundaries given, causal self-attention, no window or softcap."""
+    return (starts is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]
+            and getattr(module, "is_causal", True) and getattr(module, "sliding_window", None) is None
+            and kwargs.get("softcap") is None and kwargs.get("position_bias") is None)
+
+
+def _layout(starts: torch.Tensor, longest: int | None, tokens: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Index maps between the flattened row and the right-padded example batch: ``gather`` (one source token per
+    padded slot; pad slots read token 0, whose output is dropped) and ``scatter`` (the padded slot of each token).
+    No host-device synchronisation when the collator gives ``max_length_q``."""
+    starts = starts.to(torch.long)
+    lengths = starts[1:] - starts[:-1]
+    examples = lengths.shape[0]
+    longest = int(longest) if longest is not None else int(lengths.max())
+    offsets = torch.arange(longest, device=starts.device)
+    gather = torch.where(offsets < lengths[:, None], starts[:-1, None] + offsets, 0).flatten()
+    example = torch.repeat_interleave(torch.arange(examples, device=starts.device), lengths, output_size=tokens)
+    scatter = example * longest + torch.arange(tokens, device=starts.device) - starts[example]
+    return gather, scatter, examples, longest
+
+
+def supports_padding_free(model_class: type) -> bool:
+    """Models on transformers' attention interface build their masks with ``masking_utils``, which turns restarting
+    ``position_ids`` into per-example attention; older architectures would attend across the flattened examples."""
+    return bool(getattr(model_class, "_supports_attention_backend", False))
+
+
+def default_attn_implementation(task: str, model_class: type | None) -> str | None:
+    """``sdpa_varlen`` for causal LMs on transformers' attention interface, else None (transformers chooses)."""
+    return NAME if task == "causal_lm" and model_class is not None and supports_padding_free(model_class) else None
+
+
+def runs_examples_apart(attn_implementation: str | None) -> bool:
+    """Whether the attention runs each example of a flattened row on its own from ``cu_seq_lens_*`` (varlen)."""
+    return attn_implementation is not None and (attn_implementation == NAME or "flash" in attn_implementation)
+
+
+AttentionInterface.register(NAME, sdpa_varlen_attention_forward)
+AttentionMaskInterface.register(NAME, sdpa_mask)
