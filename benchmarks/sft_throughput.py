@@ -242,6 +242,7 @@ def main() -> None:
         runs[setup] = json.loads(saved.read_text()) if ns.reuse and saved.is_file() else []
         if not isinstance(runs[setup], list):  # a file from before --repeat: one run
             runs[setup] = [runs[setup]]
+    measured_now: set[str] = set()
     # Rounds: every setup once per round, so a drift of the machine's speed hits all setups alike.
     wanted = {setup: ns.repeat if setup in ns.repeat_setups.split(",") else 1 for setup in setups}
     for round_ in range(ns.repeat):
@@ -250,9 +251,10 @@ def main() -> None:
                 continue
             print(f"== {setup} (run {round_ + 1} of {wanted[setup]}): {SETUPS[setup]}", flush=True)
             runs[setup].append(run_in_subprocess(setup, ns.work))
+            measured_now.add(setup)
             (ns.work / f"{setup}.json").write_text(json.dumps(runs[setup]))
     results = [summarise(runs[setup][:wanted[setup]]) for setup in setups]
-    table = render(results, peak, ns)
+    table = render(results, peak, ns, reused=[setup for setup in setups if setup not in measured_now])
     print(table)
     ns.results.write_text(table)
 
@@ -277,18 +279,21 @@ def summarise(runs: list[dict]) -> dict:
     return median
 
 
-def render(results: list[dict], peak: float, ns) -> str:
+def render(results: list[dict], peak: float, ns, reused: list[str]) -> str:
     done = [r for r in results if "failed" not in r]
     base = next((r for r in done if r["setup"] == "hf_tune"), done[0])
     rate = {r["setup"]: r["tokens"] / r["seconds"] for r in done}
     repeat = f" --repeat {ns.repeat} --repeat-setups {ns.repeat_setups}" if ns.repeat > 1 else ""
     lines = ["# SFT throughput", "",
-             f"Command: `python benchmarks/sft_throughput.py --examples {ns.examples} --setups {ns.setups}{repeat}`  ",
+             f"Command: `python benchmarks/sft_throughput.py --examples {ns.examples} --setups {ns.setups}{repeat}"
+             f"{' --reuse' if ns.reuse else ''}`  ",
              f"Date: {datetime.date.today()}; machine: {platform.processor() or platform.machine()}, "
              f"{base['threads']} torch threads, no GPU; measured fp32 matmul peak {peak / 1e9:.0f} GFLOP/s.  ",
              f"Data: {ns.examples} chats from standard-library docstrings, one epoch, "
              f"{base['tokens']:,} real tokens; SmolLM2-135M-Instruct, LoRA r=16 on all linear layers.  ",
-             "Tokens/s: the median run; in brackets every run, fastest first (rounds ran each setup once in turn).", "",
+             "Tokens/s: the median run; in brackets every run, fastest first (rounds ran each setup once in turn).  ",
+             *([f"Reused from an earlier invocation in the same --work (--reuse, same data), not run by this one: "
+                f"{', '.join(reused)}."] if reused else []), "",
              "| setup | real tok/s | hf_tune is | peak RSS GB | mean train loss | held-out loss | MFU |",
              "|---|---|---|---|---|---|---|"]
     for r in results:

@@ -45,7 +45,7 @@ def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, 
     out = torch.nn.functional.scaled_dot_product_attention(
         regroup(query), regroup(key), regroup(value), dropout_p=dropout, is_causal=True, scale=scaling,
         enable_gqa=gqa)
-    out = out.transpose(1, 2).reshape(examples * longest, *out.shape[1:2], out.shape[-1])
+    out = out.transpose(1, 2).reshape(examples * longest, out.shape[1], out.shape[3])  # back to token rows
     return out.index_select(0, scatter).unsqueeze(0), None
 
 
