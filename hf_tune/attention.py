@@ -11,8 +11,8 @@ into a right-padded ``[examples, heads, longest, head_dim]`` batch, runs one cau
 causal mask already hides the pad keys from every real query, so no mask is needed) and gathers the real positions
 back. Only attention sees padding, and only up to the longest example of the step. Register it with
 ``attn_implementation: sdpa_varlen`` (the default for causal LMs on transformers' attention interface); whenever a
-forward carries no flattened-row boundaries (padded batches, evaluation, generation) it is transformers' own SDPA
-attention with transformers' own SDPA masks.
+forward carries no flattened-row boundaries (padded batches, evaluation, generation), or has a sliding window shorter
+than its longest example, or a softcap, it is transformers' own SDPA attention with transformers' own SDPA masks.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, 
                                   scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention-function signature: ``query`` ``[1, heads, tokens, dim]``, ``key``/``value`` with the
     key-value heads; returns ``([1, tokens, heads, dim], None)``."""
-    starts = kwargs.get("cu_seq_lens_q")
-    if not _is_flattened_self_attention(module, query, key, starts, kwargs):
+    starts, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if not _is_flattened_self_attention(module, query, key, starts, longest, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    gather, scatter, examples, longest = _layout(starts, kwargs.get("max_length_q"), query.shape[2])
+    gather, scatter, examples, longest = _layout(starts, longest, query.shape[2])
 
     def regroup(states: torch.Tensor) -> torch.Tensor:  # [1, heads, tokens, dim] -> [examples, heads, longest, dim]
         tokens_first = states[0].transpose(0, 1)
@@ -49,11 +49,14 @@ def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, 
     return out.index_select(0, scatter).unsqueeze(0), None
 
 
-def _is_flattened_self_attention(module, query, key, starts, kwargs) -> bool:
-    """A flattened training row: one row, example boundaries given, causal self-attention, no window or softcap."""
+def _is_flattened_self_attention(module, query, key, starts, longest, kwargs) -> bool:
+    """A flattened training row: one row, example boundaries given, causal self-attention, no softcap, and no
+    sliding window shorter than the longest example (a window at least that long masks nothing more than causal)."""
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)  # Mistral passes it as kwarg
     return (starts is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]
-            and getattr(module, "is_causal", True) and getattr(module, "sliding_window", None) is None
-            and kwargs.get("softcap") is None and kwargs.get("position_bias") is None)
+            and getattr(module, "is_causal", True) and kwargs.get("softcap") is None
+            and kwargs.get("position_bias") is None
+            and (window is None or (longest is not None and int(longest) <= window)))
 
 
 def _layout(starts: torch.Tensor, longest: int | None, tokens: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:

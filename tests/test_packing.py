@@ -247,3 +247,28 @@ def test_the_collator_flattens_packs_where_the_attention_runs_examples_apart(tin
     batch = collator(make_examples(LENGTHS))
     assert ("position_ids" in batch and batch["input_ids"].shape[0] == 1) == padding_free
     assert ("cu_seq_lens_q" in batch) == boundaries
+
+
+@pytest.mark.parametrize("window", [200, 16])  # longer than every example (varlen path), shorter (plain SDPA)
+def test_sdpa_varlen_keeps_a_sliding_window_exact(tmp_path, smol_tokenizer, window):
+    """Mistral with a sliding window: a flattened row under sdpa_varlen gives each example's own logits, whether the
+    window is longer than the longest example (runs apart: the window masks nothing more) or shorter (falls back to
+    transformers' SDPA with its windowed block mask)."""
+    from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
+
+    from hf_tune.attention import NAME
+    from hf_tune.data.packing import CausalLMCollator
+
+    torch.manual_seed(0)
+    MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, sliding_window=window)
+                       ).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation=NAME)
+    examples = make_examples(LENGTHS, seed=4)
+    batch = CausalLMCollator(smol_tokenizer, padding_free=True, trainable_logits_only=False,
+                             example_boundaries=True)(examples)
+    batch.pop("labels")
+    with torch.no_grad():
+        row = model(**batch).logits[0]
+        alone = [model(input_ids=torch.tensor([e["input_ids"]])).logits[0] for e in examples]
+    torch.testing.assert_close(row, torch.cat(alone), rtol=1e-4, atol=1e-5)
