@@ -55,7 +55,16 @@ def make_storage(search: SearchSection, study_dir: Path):
 
         return optuna.storages.JournalStorage(JournalFileBackend(url))
     # heartbeats let a restarted study mark the trials of a killed worker as failed instead of running forever
-    return optuna.storages.RDBStorage(url, heartbeat_interval=30, grace_period=90)
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return optuna.storages.RDBStorage(url, heartbeat_interval=30, grace_period=90)
+    # Optuna writes a new SQLite file's schema on first open, and processes doing that at once (workers started
+    # together) fail with "table studies already exists" or "UNIQUE constraint failed": they open it one at a time.
+    from filelock import FileLock
+
+    path = Path(url.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        return optuna.storages.RDBStorage(url, heartbeat_interval=30, grace_period=90)
 
 
 def make_sampler(search: SearchSection):
@@ -171,7 +180,8 @@ def search(recipe: Recipe) -> dict:
         return values if multi else values[0]
 
     trainer = build_trainer(base, None, tokenizer, train_dataset, eval_dataset, args, model_init=model_init)
-    storage = make_storage(spec, study_dir)
+    # only the main process talks to Optuna; the other ranks train the trial it broadcasts
+    storage = make_storage(spec, study_dir) if trainer.is_world_process_zero() else None
     if trainer.is_world_process_zero():
         study_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import yaml
 from conftest import REPO, chat_recipe
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
+from hf_tune.hpo import make_storage
+from hf_tune.recipe.schema import SearchSection
 
 LORA = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
 
@@ -179,3 +182,29 @@ def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
     assert len(lines) == 2 and lines[0] == lines[1], lines  # rank 1 trains the values rank 0 sampled
     assert "rank 0 of 2" in err and "rank 1 of 2" in err
     assert "best recipe:" in out
+
+
+def _open_study_storage(url: str, barrier, errors) -> None:
+    barrier.wait()  # every process opens the new file at the same moment
+    try:
+        make_storage(SearchSection(space={}, storage=url), Path("."))
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        errors.put(repr(error))
+
+
+def test_processes_opening_one_new_sqlite_study_at_once_all_succeed(tmp_path):
+    """Optuna writes a new SQLite file's schema on first open; processes racing on it (two DDP ranks, or workers
+    started together) failed with 'UNIQUE constraint failed: alembic_version'."""
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for attempt in range(5):
+        url = f"sqlite:///{tmp_path / f'study{attempt}.db'}"
+        barrier = context.Barrier(4)
+        workers = [context.Process(target=_open_study_storage, args=(url, barrier, errors)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(120)
+        assert all(worker.exitcode == 0 for worker in workers)
+        assert errors.empty(), errors.get()
+        assert optuna.storages.RDBStorage(url).get_all_studies() == []
