@@ -75,7 +75,8 @@ def embedded_model_path(name: str) -> str:
 
 def _converted_gguf(key: str, gguf_path: Path) -> Path:
     target = cache_dir() / "models" / key
-    stamp = {"source": str(gguf_path), "size": gguf_path.stat().st_size}
+    # the file, not where it is: checkouts with their own virtual environment share one converted copy
+    stamp = {"source": gguf_path.name, "size": gguf_path.stat().st_size}
     marker = target / "hf_tune_source.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):  # several ranks may start at once: one converts, the others wait

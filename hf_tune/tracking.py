@@ -51,7 +51,15 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         id_file = run_dir / "wandb_run_id"
         if not id_file.is_file():  # one W&B run per run folder: a resumed run continues it
-            id_file.write_text(uuid.uuid4().hex[:12])
+            # every rank gets here at once: the first id linked into place wins, and no rank reads a half-written file
+            staged = id_file.with_name(f".wandb_run_id.{os.getpid()}")
+            staged.write_text(uuid.uuid4().hex[:12])
+            try:
+                os.link(staged, id_file)
+            except FileExistsError:
+                pass
+            finally:
+                staged.unlink()
         os.environ.setdefault("WANDB_RUN_ID", id_file.read_text().strip())
         os.environ.setdefault("WANDB_RESUME", "allow")
         if os.environ.get("WANDB_MODE") not in ("offline", "disabled"):

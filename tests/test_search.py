@@ -184,6 +184,30 @@ def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
     assert "best recipe:" in out
 
 
+@pytest.mark.slow
+def test_under_ddp_pruning_is_off_so_no_rank_waits_for_one_that_left_the_trial(tmp_path, tiny_llama_dir):
+    """Rank 0 alone holds the Optuna trial: had it pruned, the other rank would train on into a collective that
+    rank 0 never joins, and the run would hang. Under several processes every trial runs to its end."""
+    space = {"training.learning_rate": {"type": "categorical", "choices": [3e-2, 1e-9, 2e-9]}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {
+        "space": space, "n_trials": 3, "sampler": "grid", "pruner": "median",
+        "pruner_kwargs": {"n_startup_trials": 1, "n_warmup_steps": 0}}, lora=None, max_steps=6)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", "29563", "-m", "hf_tune.search", str(recipe),
+               env=env)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the two-process search hung")
+    assert proc.returncode == 0, err[-3000:]
+    assert "pruning is off" in err
+    study = optuna.load_study(study_name="recipe", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+
+
 def _open_study_storage(url: str, barrier, errors) -> None:
     barrier.wait()  # every process opens the new file at the same moment
     try:
