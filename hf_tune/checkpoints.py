@@ -55,14 +55,32 @@ def last_complete_checkpoint(output_dir: Path) -> Path | None:
 
 
 def resume_checkpoint(output_dir: Path, mode: str) -> str | None:
-    """What to resume from, by ``training.resume_from_checkpoint``: "auto" (default), "never", or a path."""
+    """What to resume from, by ``training.resume_from_checkpoint``: "auto" (default), "never", or a path.
+
+    The main process decides and every rank takes its answer (each rank looking for itself could pick another
+    checkpoint, or none, and train from another step); every rank must then see that checkpoint."""
+    from hf_tune.distributed import decided_on_main, ranks_without
+
+    choice = decided_on_main(lambda: _choose_checkpoint(output_dir, mode))
+    if choice is None:
+        return None
+    path = output_dir / choice  # "checkpoint-N" of the rank's own output_dir, or an absolute path
+    missing = ranks_without(path)
+    if missing:
+        raise HfTuneError(f"training.output_dir: the run resumes from {choice}, but rank(s) {missing} do not see "
+                          f"{path}\n  fix: put training.output_dir on storage that every node shares, or set "
+                          "training.save_on_each_node: true so that each node keeps its own checkpoints")
+    return str(path)
+
+
+def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
     key = "training.resume_from_checkpoint"
     if mode not in ("auto", "never"):
         path = Path(mode)
         if not is_complete(path):
             raise RecipeError(key, f"{path} is not a complete hf_tune checkpoint (no {MARKER} matching its files)",
                               fix="name a checkpoint-N folder written by an hf_tune run, or use 'auto'")
-        return str(path)
+        return str(path.absolute())
     finished = (output_dir / FINISHED).is_file() and json.loads((output_dir / FINISHED).read_text()).get("end_time")
     if finished:
         raise RecipeError("training.output_dir", f"{output_dir} holds a finished run",
@@ -80,7 +98,7 @@ def resume_checkpoint(output_dir: Path, mode: str) -> str | None:
             logger.warning("Ignoring %s: it was not completely written (the run stopped while saving it)", partial)
     if latest is not None:
         logger.info("Resuming from %s (the newest complete checkpoint in %s)", latest, output_dir)
-    return str(latest) if latest else None
+    return latest.name if latest else None
 
 
 class CheckpointMarker(TrainerCallback):

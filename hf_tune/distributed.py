@@ -9,6 +9,54 @@ import os
 from hf_tune.errors import HfTuneError
 
 
+def _world():
+    """(rank, world size) of the initialised process group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def decided_on_main(decide):
+    """``decide()`` run on the main process only, its result (or its error) given to every process.
+
+    What each rank would read from a shared folder itself can differ (a stale NFS view, node-local disks, a file the
+    main process writes meanwhile), and ranks that disagree train apart or wait in a collective forever."""
+    import torch.distributed as dist
+
+    rank, world = _world()
+    if world == 1:
+        return decide()
+    box: list = [None]
+    if rank == 0:
+        try:
+            box[0] = (decide(), None)
+        except HfTuneError as err:
+            box[0] = (None, err)
+        except Exception as err:  # not picklable in general: the others get its text, the main process the error
+            dist.broadcast_object_list([(None, HfTuneError(f"on the main process: {type(err).__name__}: {err}"))],
+                                       src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def ranks_without(path) -> list[int]:
+    """The ranks that do not see ``path`` as a folder (every rank must call this)."""
+    import torch.distributed as dist
+
+    _, world = _world()
+    seen = [path.is_dir()]
+    if world > 1:
+        seen = [None] * world
+        dist.all_gather_object(seen, path.is_dir())
+    return [r for r, ok in enumerate(seen) if not ok]
+
+
 def _accelerate_processes_asked() -> int:
     """--num_processes of an ``accelerate launch`` that started this process directly, else 1."""
     try:

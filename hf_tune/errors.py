@@ -16,3 +16,6 @@ class RecipeError(HfTuneError):
         if fix:
             text += f"\n  fix: {fix}"
         super().__init__(text)
+
+    def __reduce__(self):  # rebuilt from its parts: it crosses processes (raised on every rank, see distributed.py)
+        return type(self), (self.key, self.problem, self.fix)

@@ -184,15 +184,10 @@ def search(recipe: Recipe) -> dict:
     storage = make_storage(spec, study_dir) if trainer.is_world_process_zero() else None
     if trainer.is_world_process_zero():
         study_dir.mkdir(parents=True, exist_ok=True)
-    # Only rank 0 holds the Optuna trial (the others train a copy of its values), so a trial that rank 0 alone
-    # prunes or catches leaves the other ranks in a collective it never joins: the run would hang. Under several
-    # processes every trial runs to its end, and an error stops the launch instead.
+    # Only rank 0 holds the Optuna trial (the others train a copy of its values): a trial that fails on one rank
+    # leaves the others in a collective it never joins, so under several processes an error stops the launch.
+    # Pruning is decided on rank 0 and followed by every rank (HfTuneTrainer._report_to_hp_search).
     distributed = args.world_size > 1
-    if distributed and spec.pruner != "none" and trainer.is_world_process_zero():
-        logger.warning("search: %d processes, so pruning is off (search.pruner: %s is ignored) and a failing trial "
-                       "stops the study; run single-process workers on one storage to prune", args.world_size,
-                       spec.pruner)
-    pruner = optuna.pruners.NopPruner() if distributed else make_pruner(spec)
     started = time.time()
     while _another_trial(trainer, storage, study_name, directions, spec, started):
         try:
@@ -200,9 +195,12 @@ def search(recipe: Recipe) -> dict:
                 hp_space=hp_space, compute_objective=compute_objective, n_trials=1,
                 direction=directions if multi else directions[0], backend="optuna",
                 hp_name=lambda trial: f"trial-{trial.number}", study_name=study_name, storage=storage,
-                load_if_exists=True, sampler=make_sampler(spec), pruner=pruner,
+                load_if_exists=True, sampler=make_sampler(spec), pruner=make_pruner(spec),
                 catch=() if distributed else (Exception,), gc_after_trial=True,
             )
+        except optuna.TrialPruned:  # the other ranks: upstream's loop for them lets rank 0's pruning out
+            if trainer.is_world_process_zero():
+                raise
         except ValueError:  # upstream asks for the best trial, and none has completed yet (pruned or failed)
             study = optuna.load_study(study_name=study_name, storage=storage)
             if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):

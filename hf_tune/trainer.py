@@ -54,16 +54,42 @@ class HfTuneTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.add(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if not torch.isfinite(loss).all():  # stop before the optimizer steps on garbage
+        bad = ~torch.isfinite(loss).all()
+        # every rank stops at the same step: one stopping alone would leave the others waiting in a collective, after
+        # an optimizer step on the NaN gradients it shared with them (and maybe a checkpoint of them)
+        ranks = self.accelerator.gather(bad.reshape(1)).nonzero().flatten().tolist() if self.args.world_size > 1 \
+            else [0] if bad else []
+        if ranks:  # stop before the optimizer steps on garbage
             from hf_tune.checkpoints import NonFiniteLoss, last_complete_checkpoint
 
+            where = f" on rank(s) {ranks} (this rank's: {loss.item()})" if self.args.world_size > 1 else ""
             last = last_complete_checkpoint(Path(self.args.output_dir))
             raise NonFiniteLoss(
-                f"training stopped: the loss at step {self.state.global_step + 1} is {loss.item()} (not finite)\n"
+                f"training stopped: the loss at step {self.state.global_step + 1} is "
+                f"{'not finite' + where if where else f'{loss.item()} (not finite)'}\n"
                 f"  last good checkpoint: {last or 'none yet'}\n"
                 "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
                 "command resumes from the last good checkpoint")
         return loss
+
+    def _report_to_hp_search(self, trial, step, metrics):
+        """Under several processes only rank 0 holds the Optuna trial (the others a copy of its values): rank 0
+        reports and asks the pruner, and every rank follows its answer, so a pruned trial stops on all of them at
+        the same evaluation. (Trainer's own method prunes on rank 0 alone, and the other ranks hang.)"""
+        if self.args.world_size == 1 or self.hp_search_backend is None or trial is None:
+            return super()._report_to_hp_search(trial, step, metrics)
+        import optuna
+        import torch.distributed as dist
+
+        self.objective = self.compute_objective(dict(metrics))
+        prune = [False]
+        if hasattr(trial, "study") and not trial.study._is_multi_objective():
+            trial.report(self.objective, step)
+            prune = [trial.should_prune()]
+        dist.broadcast_object_list(prune, src=0)
+        if prune[0]:
+            self.callback_handler.on_train_end(self.args, self.state, self.control)
+            raise optuna.TrialPruned()
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "learning_rate" in logs and self.optimizer is not None:

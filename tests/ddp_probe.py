@@ -1,5 +1,6 @@
 """Run under torchrun / accelerate by test_distributed.py: train from a recipe and write, per rank, the world size,
-a hash of every example this rank draws in an epoch, and a checksum of the final parameters."""
+a hash of every example this rank draws in an epoch, and a checksum of the final parameters (or the error that
+stopped training on this rank)."""
 
 import hashlib
 import json
@@ -10,6 +11,7 @@ import torch
 
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
 from hf_tune.distributed import check_distributed
+from hf_tune.errors import HfTuneError
 
 recipe = load_recipe(sys.argv[1])
 args = build_training_arguments(recipe)
@@ -31,10 +33,14 @@ def examples(batch):
 seen = []
 for batch in trainer.get_train_dataloader():  # the rank's shard, as Trainer draws it
     seen += [hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16] for ids in examples(batch)]
-trainer.train()
+out = Path(args.output_dir) / f"rank{args.process_index}.json"
+try:
+    trainer.train()
+except HfTuneError as err:
+    out.write_text(json.dumps({"rank": args.process_index, "error": str(err)}))
+    sys.exit(0)
 digest = hashlib.sha256()
 for _, p in sorted(trainer.model.named_parameters()):
     digest.update(p.detach().to(torch.float32).numpy().tobytes())
-out = Path(args.output_dir) / f"rank{args.process_index}.json"
 out.write_text(json.dumps({"world_size": args.world_size, "rank": args.process_index, "examples": seen,
                            "params_sha256": digest.hexdigest()}))

@@ -227,3 +227,64 @@ def test_wandb_offline_without_key_keeps_one_run_id_across_resume_and_tensorboar
     offline = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(p.name.endswith(run_id) for p in offline)  # both launches logged one run
     assert list(run_dir.rglob("events.out.tfevents.*"))
+
+
+def _resume_on_rank(rank: int, port: int, output_dirs: list[str], results) -> None:
+    import torch.distributed as dist
+
+    from hf_tune.checkpoints import resume_checkpoint
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        results.put((rank, "resumes", resume_checkpoint(Path(output_dirs[rank]), "auto")))
+    except HfTuneError as err:
+        results.put((rank, type(err).__name__, str(err)))
+    finally:
+        dist.destroy_process_group()
+
+
+def resume_on_two_ranks(output_dirs: list[Path], port: int) -> dict:
+    """What each of two gloo processes resumes from, each looking at its own view of the run folder."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    ranks = [context.Process(target=_resume_on_rank, args=(r, port, [str(d) for d in output_dirs], results))
+             for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(120)
+    assert [process.exitcode for process in ranks] == [0, 0]  # none hung or crashed
+    answers = dict((rank, (kind, value)) for rank, kind, value in (results.get(timeout=5) for _ in ranks))
+    return answers
+
+
+def fake_checkpoint(run_dir: Path, step: int) -> None:
+    (run_dir / f"checkpoint-{step}").mkdir(parents=True)
+    (run_dir / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    from hf_tune.checkpoints import mark_complete
+
+    mark_complete(run_dir / f"checkpoint-{step}")
+
+
+def test_ranks_resume_from_the_checkpoint_the_main_process_chose(tmp_path):
+    """Each rank looking for itself could pick another checkpoint (a stale NFS view, node-local disks) and train
+    from another step; the main process decides and every rank must see its choice."""
+    shared, stale = tmp_path / "shared", tmp_path / "stale"
+    for step in (2, 4):
+        fake_checkpoint(shared, step)
+    fake_checkpoint(stale, 2)  # what rank 1 sees: checkpoint-4 not (yet) there
+    answers = resume_on_two_ranks([shared, shared], port=29641)
+    assert answers == {0: ("resumes", str(shared / "checkpoint-4")), 1: ("resumes", str(shared / "checkpoint-4"))}
+
+    answers = resume_on_two_ranks([shared, stale], port=29642)
+    for rank in (0, 1):
+        kind, message = answers[rank]
+        assert kind == "HfTuneError" and "resumes from checkpoint-4, but rank(s) [1] do not see" in message, message
+        assert "save_on_each_node" in message
+
+    (shared / "run.json").write_text(json.dumps({"end_time": "2026-11-23T10:00:00"}))
+    answers = resume_on_two_ranks([shared, stale], port=29643)  # rank 1 alone would resume checkpoint-2
+    assert answers[0] == answers[1] and answers[0][0] == "RecipeError", answers
+    assert "holds a finished run" in answers[1][1] and "fix: choose a new training.output_dir" in answers[1][1]

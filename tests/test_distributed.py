@@ -17,7 +17,7 @@ BIN = Path(sys.executable).parent
 
 
 def small_recipe(tmp_path: Path, tiny_llama_dir: str, **training) -> Path:
-    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, **training)
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **{"max_steps": 3, **training})
     rows = (REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()[:24]
     (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
     raw["data"]["train"]["path"] = str(tmp_path / "train.jsonl")
@@ -71,6 +71,42 @@ def test_torchrun_ranks_that_would_train_alone_are_refused(tmp_path, tiny_llama_
     result = run("torchrun", "--nproc_per_node", "2", "--master_port", "29621", "-m", "hf_tune.run", str(recipe))
     assert result.returncode != 0
     assert "WORLD_SIZE=2" in result.stderr and "trains alone" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path, smol_tokenizer):
+    """One poisoned example (its own tokens embed to NaN) reaches one rank only; rank 1 stopping alone would leave
+    rank 0 stepping on the NaN gradients they shared, then waiting for it in the next collective."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = [json.loads(line) for line in (REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()]
+    rows = rows[:24]
+    rows[5]["messages"][-1]["content"] += " Quokkas photobomb xylophonists."
+    ids = [set(smol_tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"])
+           for r in rows]
+    poison = ids[5] - set().union(*ids[:5], *ids[6:])
+    assert poison
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=smol_tokenizer.pad_token_id,
+                         eos_token_id=smol_tokenizer.eos_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[sorted(poison)] = float("nan")
+    model.save_pretrained(tmp_path / "model")
+    smol_tokenizer.save_pretrained(tmp_path / "model")
+    recipe = small_recipe(tmp_path, str(tmp_path / "model"), max_steps=12, save_strategy="steps", save_steps=1)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run("torchrun", "--nproc_per_node", "2", "--master_port", "29631", "tests/ddp_probe.py", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text())["error"] for r in (0, 1)]
+    steps = [int(e.split("the loss at step ", 1)[1].split()[0]) for e in errors]
+    assert steps[0] == steps[1] and all("is not finite on rank(s) [" in e for e in errors), errors
+    nan_ranks = errors[0].split("on rank(s) ", 1)[1].split(" (", 1)[0]
+    assert nan_ranks in ("[0]", "[1]") and nan_ranks in errors[1], errors  # one rank's loss; both stopped
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*"))
+    assert saved == list(range(1, steps[0])), saved  # nothing saved from the NaN step on
 
 
 def test_fsdp_wrap_classes_are_checked_against_the_model_when_the_recipe_loads(tmp_path, tiny_llama_dir):

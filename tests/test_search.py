@@ -185,9 +185,9 @@ def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
 
 
 @pytest.mark.slow
-def test_under_ddp_pruning_is_off_so_no_rank_waits_for_one_that_left_the_trial(tmp_path, tiny_llama_dir):
-    """Rank 0 alone holds the Optuna trial: had it pruned, the other rank would train on into a collective that
-    rank 0 never joins, and the run would hang. Under several processes every trial runs to its end."""
+def test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank(tmp_path, tiny_llama_dir):
+    """Rank 0 alone holds the Optuna trial: had it pruned alone (Trainer's own reporting), the other rank would train
+    on into a collective that rank 0 never joins, and the run would hang. Every rank follows rank 0's decision."""
     space = {"training.learning_rate": {"type": "categorical", "choices": [3e-2, 1e-9, 2e-9]}}
     raw = search_recipe(tiny_llama_dir, tmp_path / "study", {
         "space": space, "n_trials": 3, "sampler": "grid", "pruner": "median",
@@ -203,9 +203,14 @@ def test_under_ddp_pruning_is_off_so_no_rank_waits_for_one_that_left_the_trial(t
         proc.kill()
         pytest.fail("the two-process search hung")
     assert proc.returncode == 0, err[-3000:]
-    assert "pruning is off" in err
     study = optuna.load_study(study_name="recipe", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    states = {t.params["training.learning_rate"]: t.state for t in study.trials}
+    assert len(states) == 3 and states[3e-2] == optuna.trial.TrialState.COMPLETE, states
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, states
+    assert all(max(t.intermediate_values) < 6 for t in pruned)  # stopped at an evaluation before the last step
+    # both ranks ran all three trials: rank 1 left each pruned trial and took the next one with rank 0
+    assert sum("rank 1 of 2: trial " in line for line in err.splitlines()) == 3, err[-3000:]
 
 
 def _open_study_storage(url: str, barrier, errors) -> None:
