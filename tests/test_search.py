@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, chat_recipe
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
-from hf_tune.hpo import make_storage
+from hf_tune.hpo import make_storage, open_rdb, redact_url
 from hf_tune.recipe.schema import SearchSection
 
 LORA = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
@@ -213,23 +213,30 @@ def test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank(tmp_path, tiny_llam
     assert sum("rank 1 of 2: trial " in line for line in err.splitlines()) == 3, err[-3000:]
 
 
-def _open_study_storage(url: str, barrier, errors) -> None:
-    barrier.wait()  # every process opens the new file at the same moment
+def _open_study_storage(url: str, barrier, errors, opener: str) -> None:
+    barrier.wait()  # every process opens the new database at the same moment
     try:
-        make_storage(SearchSection(space={}, storage=url), Path("."))
+        if opener == "make_storage":
+            make_storage(SearchSection(space={}, storage=url), Path("."))
+        else:
+            open_rdb(url)
     except Exception as error:  # noqa: BLE001 - reported to the parent
         errors.put(repr(error))
 
 
-def test_processes_opening_one_new_sqlite_study_at_once_all_succeed(tmp_path):
-    """Optuna writes a new SQLite file's schema on first open; processes racing on it (two DDP ranks, or workers
-    started together) failed with 'UNIQUE constraint failed: alembic_version'."""
+@pytest.mark.parametrize("opener", ["make_storage", "open_rdb"])
+def test_processes_opening_one_new_study_database_at_once_all_succeed(tmp_path, opener):
+    """Optuna writes a new database's schema on first open; processes racing on it (two DDP ranks, or workers
+    started together) failed with 'UNIQUE constraint failed: alembic_version'. A new SQLite file is opened under a
+    file lock (make_storage); any database (a server's, where no file can be locked) is retried (open_rdb, tried
+    here on SQLite without the lock)."""
     context = multiprocessing.get_context("fork")
     errors = context.Queue()
     for attempt in range(5):
         url = f"sqlite:///{tmp_path / f'study{attempt}.db'}"
         barrier = context.Barrier(4)
-        workers = [context.Process(target=_open_study_storage, args=(url, barrier, errors)) for _ in range(4)]
+        workers = [context.Process(target=_open_study_storage, args=(url, barrier, errors, opener))
+                   for _ in range(4)]
         for worker in workers:
             worker.start()
         for worker in workers:
@@ -237,3 +244,10 @@ def test_processes_opening_one_new_sqlite_study_at_once_all_succeed(tmp_path):
         assert all(worker.exitcode == 0 for worker in workers)
         assert errors.empty(), errors.get()
         assert optuna.storages.RDBStorage(url).get_all_studies() == []
+
+
+def test_a_storage_that_cannot_be_opened_is_named_without_its_password(tmp_path):
+    with pytest.raises(HfTuneError, match=r"(?s)search.storage: could not open sqlite:///.*OperationalError.*fix:"):
+        open_rdb(f"sqlite:///{tmp_path / 'no' / 'such' / 'folder' / 'study.db'}", attempts=2)
+    assert redact_url("postgresql://optuna:s3cret@db.example:5432/studies") == \
+        "postgresql://optuna:***@db.example:5432/studies"
