@@ -157,6 +157,8 @@ def trial_recipe(base: Recipe, values: dict[str, Any]) -> Recipe:
 
 def search(recipe: Recipe) -> dict:
     """Run (or continue) the study; write trials.csv, plots, best_recipe.yaml into the study folder."""
+    from transformers import Trainer
+
     from hf_tune.data import build_datasets, dataset_labels
     from hf_tune.modeling import build_model, build_tokenizer
     from hf_tune.trainer import build_trainer
@@ -216,6 +218,12 @@ def search(recipe: Recipe) -> dict:
     # leaves the others in a collective it never joins, so under several processes an error stops the launch.
     # Pruning is decided on rank 0 and followed by every rank (HfTuneTrainer._report_to_hp_search).
     distributed = args.world_size > 1
+    pruner = make_pruner(spec)
+    if distributed and not hasattr(Trainer, "_report_to_hp_search"):
+        # that override is how every rank follows rank 0: without it a pruned trial would hang the other ranks
+        logger.warning("search: this transformers version reports trials another way, so under %d processes pruning "
+                       "is off (search.pruner: %s is ignored)", args.world_size, spec.pruner)
+        pruner = optuna.pruners.NopPruner()
     started = time.time()
     while _another_trial(trainer, storage, study_name, directions, spec, started):
         try:
@@ -223,7 +231,7 @@ def search(recipe: Recipe) -> dict:
                 hp_space=hp_space, compute_objective=compute_objective, n_trials=1,
                 direction=directions if multi else directions[0], backend="optuna",
                 hp_name=lambda trial: f"trial-{trial.number}", study_name=study_name, storage=storage,
-                load_if_exists=True, sampler=make_sampler(spec), pruner=make_pruner(spec),
+                load_if_exists=True, sampler=make_sampler(spec), pruner=pruner,
                 catch=() if distributed else (Exception,), gc_after_trial=True,
             )
         except optuna.TrialPruned:  # the other ranks: upstream's loop for them lets rank 0's pruning out
