@@ -27,7 +27,7 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 def mark_complete(checkpoint: Path) -> None:
     files = {str(p.relative_to(checkpoint)): p.stat().st_size for p in sorted(checkpoint.rglob("*"))
              if p.is_file() and p.name != MARKER}
-    staging = checkpoint / f".{MARKER}.tmp"
+    staging = checkpoint / f".{MARKER}.{os.getpid()}.tmp"  # two writers (save_on_each_node on shared storage)
     staging.write_text(json.dumps({"files": files}, indent=1))
     os.replace(staging, checkpoint / MARKER)
 
@@ -64,12 +64,12 @@ def resume_checkpoint(output_dir: Path, mode: str) -> str | None:
     choice = decided_on_main(lambda: _choose_checkpoint(output_dir, mode))
     if choice is None:
         return None
-    path = output_dir / choice  # "checkpoint-N" of the rank's own output_dir, or an absolute path
-    missing = ranks_without(path)
+    path = Path(mode) if mode not in ("auto", "never") else output_dir / choice  # each rank's own view of it
+    missing = ranks_without(path, is_complete)
     if missing:
         raise HfTuneError(f"training.output_dir: the run resumes from {choice}, but rank(s) {missing} do not see "
-                          f"{path}\n  fix: put training.output_dir on storage that every node shares, or set "
-                          "training.save_on_each_node: true so that each node keeps its own checkpoints")
+                          f"it complete at {path}\n  fix: put training.output_dir on storage that every node shares, "
+                          "or set training.save_on_each_node: true so that each node keeps its own checkpoints")
     return str(path)
 
 
@@ -80,7 +80,7 @@ def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
         if not is_complete(path):
             raise RecipeError(key, f"{path} is not a complete hf_tune checkpoint (no {MARKER} matching its files)",
                               fix="name a checkpoint-N folder written by an hf_tune run, or use 'auto'")
-        return str(path.absolute())
+        return str(path)
     finished = (output_dir / FINISHED).is_file() and json.loads((output_dir / FINISHED).read_text()).get("end_time")
     if finished:
         raise RecipeError("training.output_dir", f"{output_dir} holds a finished run",
@@ -102,10 +102,11 @@ def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
 
 
 class CheckpointMarker(TrainerCallback):
-    """Marks each checkpoint complete once Trainer has written all of it (main process only)."""
+    """Marks each checkpoint complete once Trainer has written all of it: by the process that saves the model (the
+    main process, or each node's with ``save_on_each_node``)."""
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if args.should_save:
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if checkpoint.is_dir():
                 mark_complete(checkpoint)

@@ -45,15 +45,15 @@ def decided_on_main(decide):
     return result
 
 
-def ranks_without(path) -> list[int]:
-    """The ranks that do not see ``path`` as a folder (every rank must call this)."""
+def ranks_without(path, check) -> list[int]:
+    """The ranks where ``check(path)`` fails (every rank must call this)."""
     import torch.distributed as dist
 
     _, world = _world()
-    seen = [path.is_dir()]
+    seen = [check(path)]
     if world > 1:
         seen = [None] * world
-        dist.all_gather_object(seen, path.is_dir())
+        dist.all_gather_object(seen, check(path))
     return [r for r, ok in enumerate(seen) if not ok]
 
 

@@ -72,12 +72,13 @@ def open_rdb(url: str, attempts: int = 5):
     the trials of a killed worker as failed instead of running forever."""
     import random
 
-    from sqlalchemy.exc import SQLAlchemyError
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     for attempt in range(attempts):
         try:
             return optuna.storages.RDBStorage(url, heartbeat_interval=30, grace_period=90)
-        except SQLAlchemyError as err:
+        except (OperationalError, IntegrityError, ProgrammingError, StorageInternalError) as err:
             if attempt == attempts - 1:
                 raise HfTuneError(f"search.storage: could not open {redact_url(url)} ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0]})\n  fix: check that the database server is reachable "

@@ -36,7 +36,7 @@ class HfTuneTrainer(Trainer):
             return super().train(*args, **kwargs)
         except Exception as err:  # a search trial that fails (OOM, NaN, bad values) keeps its error in the study
             trial = kwargs.get("trial")
-            if trial is not None and hasattr(trial, "set_user_attr"):
+            if trial is not None and hasattr(trial, "set_user_attr") and type(err).__name__ != "TrialPruned":
                 trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
             raise
 
@@ -53,41 +53,55 @@ class HfTuneTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.add(inputs)
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        bad = ~torch.isfinite(loss).all()
-        # every rank stops at the same step: one stopping alone would leave the others waiting in a collective, after
-        # an optimizer step on the NaN gradients it shared with them (and maybe a checkpoint of them)
-        ranks = self.accelerator.gather(bad.reshape(1)).nonzero().flatten().tolist() if self.args.world_size > 1 \
-            else [0] if bad else []
-        if ranks:  # stop before the optimizer steps on garbage
-            from hf_tune.checkpoints import NonFiniteLoss, last_complete_checkpoint
+        return super().training_step(model, inputs, num_items_in_batch)
 
-            where = f" on rank(s) {ranks} (this rank's: {loss.item()})" if self.args.world_size > 1 else ""
-            last = last_complete_checkpoint(Path(self.args.output_dir))
-            raise NonFiniteLoss(
-                f"training stopped: the loss at step {self.state.global_step + 1} is "
-                f"{'not finite' + where if where else f'{loss.item()} (not finite)'}\n"
-                f"  last good checkpoint: {last or 'none yet'}\n"
-                "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
-                "command resumes from the last good checkpoint")
-        return loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training:  # a training step: checked before backward (DeepSpeed steps its optimizer inside it)
+            self._stop_if_not_finite(result[0] if return_outputs else result)
+        return result
+
+    def _stop_if_not_finite(self, loss: torch.Tensor) -> None:
+        """Raise on every rank when the loss is NaN or infinite on any: one rank stopping alone would leave the
+        others waiting in a collective, after an optimizer step on the NaN gradients it shared with them."""
+        bad = ~torch.isfinite(loss.detach()).all()
+        distributed = self.args.world_size > 1
+        ranks = self.accelerator.gather(bad.reshape(1).int()).nonzero().flatten().tolist() if distributed \
+            else [0] if bad else []
+        if not ranks:
+            return
+        from hf_tune.checkpoints import NonFiniteLoss, last_complete_checkpoint
+
+        value = loss.detach().float().mean().item()
+        last = last_complete_checkpoint(Path(self.args.output_dir))
+        raise NonFiniteLoss(
+            f"training stopped: the loss at step {self.state.global_step + 1} is "
+            + (f"not finite on rank(s) {ranks} (this rank's: {value})" if distributed else f"{value} (not finite)")
+            + f"\n  last good checkpoint: {last or 'none yet'}\n"
+            "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
+            "command resumes from the last good checkpoint")
 
     def _report_to_hp_search(self, trial, step, metrics):
         """Under several processes only rank 0 holds the Optuna trial (the others a copy of its values): rank 0
-        reports and asks the pruner, and every rank follows its answer, so a pruned trial stops on all of them at
-        the same evaluation. (Trainer's own method prunes on rank 0 alone, and the other ranks hang.)"""
-        if self.args.world_size == 1 or self.hp_search_backend is None or trial is None:
+        reports and asks the pruner, and every rank follows its answer (or its error), so a pruned trial stops on
+        all of them at the same evaluation. (Trainer's own method prunes on rank 0 alone, and the others hang.)"""
+        from transformers.trainer_utils import HPSearchBackend
+
+        if self.args.world_size == 1 or self.hp_search_backend != HPSearchBackend.OPTUNA or trial is None:
             return super()._report_to_hp_search(trial, step, metrics)
         import optuna
-        import torch.distributed as dist
+
+        from hf_tune.distributed import decided_on_main
 
         self.objective = self.compute_objective(dict(metrics))
-        prune = [False]
-        if hasattr(trial, "study") and not trial.study._is_multi_objective():
+
+        def report_and_ask() -> bool:  # rank 0's trial; the other ranks hold a FixedTrial, with no study
+            if not hasattr(trial, "study") or trial.study._is_multi_objective():
+                return False
             trial.report(self.objective, step)
-            prune = [trial.should_prune()]
-        dist.broadcast_object_list(prune, src=0)
-        if prune[0]:
+            return trial.should_prune()
+
+        if decided_on_main(report_and_ask):
             self.callback_handler.on_train_end(self.args, self.state, self.control)
             raise optuna.TrialPruned()
 

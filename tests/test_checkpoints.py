@@ -237,7 +237,7 @@ def _resume_on_rank(rank: int, port: int, output_dirs: list[str], results) -> No
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         results.put((rank, "resumes", resume_checkpoint(Path(output_dirs[rank]), "auto")))
-    except HfTuneError as err:
+    except Exception as err:  # noqa: BLE001 - reported to the test
         results.put((rank, type(err).__name__, str(err)))
     finally:
         dist.destroy_process_group()
@@ -281,10 +281,20 @@ def test_ranks_resume_from_the_checkpoint_the_main_process_chose(tmp_path):
     answers = resume_on_two_ranks([shared, stale], port=29642)
     for rank in (0, 1):
         kind, message = answers[rank]
-        assert kind == "HfTuneError" and "resumes from checkpoint-4, but rank(s) [1] do not see" in message, message
+        assert kind == "HfTuneError" and "resumes from checkpoint-4, but rank(s) [1] do not see it complete" in \
+            message, message
         assert "save_on_each_node" in message
+    (stale / "checkpoint-4").mkdir()  # there, but cut off while saving (no marker): not good enough either
+    (stale / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    answers = resume_on_two_ranks([shared, stale], port=29644)
+    assert all("rank(s) [1] do not see it complete" in answers[rank][1] for rank in (0, 1)), answers
 
     (shared / "run.json").write_text(json.dumps({"end_time": "2026-11-23T10:00:00"}))
     answers = resume_on_two_ranks([shared, stale], port=29643)  # rank 1 alone would resume checkpoint-2
     assert answers[0] == answers[1] and answers[0][0] == "RecipeError", answers
     assert "holds a finished run" in answers[1][1] and "fix: choose a new training.output_dir" in answers[1][1]
+
+    (shared / "run.json").write_text("{not json")  # an error that is not hf_tune's: rank 0 raises it, rank 1 is told
+    answers = resume_on_two_ranks([shared, stale], port=29645)
+    assert answers[0][0] == "JSONDecodeError", answers
+    assert answers[1][0] == "HfTuneError" and "on the main process: JSONDecodeError" in answers[1][1], answers

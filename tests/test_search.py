@@ -78,6 +78,7 @@ def test_hopeless_trials_are_pruned(tmp_path, tiny_llama_dir):
     states = {t["params"]["training.learning_rate"]: t["state"] for t in result["trials"]}
     assert len(states) == 4
     assert "PRUNED" in states.values(), states
+    assert all(t["error"] is None for t in result["trials"])  # a pruned trial is not a failed one
     assert all(state == "COMPLETE" for lr, state in states.items() if lr >= 1e-2)  # good trials run to the end
 
 
