@@ -50,10 +50,11 @@ def ranks_without(path, check) -> list[int]:
     import torch.distributed as dist
 
     _, world = _world()
-    seen = [check(path)]
+    mine = check(path)
+    seen = [mine]
     if world > 1:
         seen = [None] * world
-        dist.all_gather_object(seen, check(path))
+        dist.all_gather_object(seen, mine)
     return [r for r, ok in enumerate(seen) if not ok]
 
 

@@ -35,8 +35,10 @@ class HfTuneTrainer(Trainer):
         try:
             return super().train(*args, **kwargs)
         except Exception as err:  # a search trial that fails (OOM, NaN, bad values) keeps its error in the study
+            from optuna import TrialPruned
+
             trial = kwargs.get("trial")
-            if trial is not None and hasattr(trial, "set_user_attr") and type(err).__name__ != "TrialPruned":
+            if trial is not None and hasattr(trial, "set_user_attr") and not isinstance(err, TrialPruned):
                 trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
             raise
 
