@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,10 @@ def run_cli(*args: str, timeout: int = 600, cwd: Path = REPO) -> subprocess.Comp
     exe = Path(sys.executable).parent / args[0]
     return subprocess.run([str(exe), *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a launcher's rendezvous (fixed ports collide with other runs)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, chat_recipe
+from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe, train
 from hf_tune.checkpoints import MARKER, is_complete
 from hf_tune.errors import HfTuneError
@@ -122,8 +122,8 @@ def test_torchrun_restarts_a_killed_worker_which_resumes(tmp_path, tiny_llama_di
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, run_dir)))
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = launch(recipe, torchrun, "--nproc_per_node", "1", "--max-restarts", "1", "--master_port", "29571",
-                  "-m", "hf_tune.run")
+    proc = launch(recipe, torchrun, "--nproc_per_node", "1", "--max-restarts", "1",
+                  "--master_port", str(free_port()), "-m", "hf_tune.run")
     wait_for(lambda: is_complete(run_dir / "checkpoint-10"), proc)
     workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "hf_tune.run" in " ".join(c.cmdline())]
     assert len(workers) == 1
@@ -275,10 +275,10 @@ def test_ranks_resume_from_the_checkpoint_the_main_process_chose(tmp_path):
     for step in (2, 4):
         fake_checkpoint(shared, step)
     fake_checkpoint(stale, 2)  # what rank 1 sees: checkpoint-4 not (yet) there
-    answers = resume_on_two_ranks([shared, shared], port=29641)
+    answers = resume_on_two_ranks([shared, shared], port=free_port())
     assert answers == {0: ("resumes", str(shared / "checkpoint-4")), 1: ("resumes", str(shared / "checkpoint-4"))}
 
-    answers = resume_on_two_ranks([shared, stale], port=29642)
+    answers = resume_on_two_ranks([shared, stale], port=free_port())
     for rank in (0, 1):
         kind, message = answers[rank]
         assert kind == "HfTuneError" and "resumes from checkpoint-4, but rank(s) [1] do not see it complete" in \
@@ -286,15 +286,15 @@ def test_ranks_resume_from_the_checkpoint_the_main_process_chose(tmp_path):
         assert "save_on_each_node" in message
     (stale / "checkpoint-4").mkdir()  # there, but cut off while saving (no marker): not good enough either
     (stale / "checkpoint-4" / "trainer_state.json").write_text("{}")
-    answers = resume_on_two_ranks([shared, stale], port=29644)
+    answers = resume_on_two_ranks([shared, stale], port=free_port())
     assert all("rank(s) [1] do not see it complete" in answers[rank][1] for rank in (0, 1)), answers
 
     (shared / "run.json").write_text(json.dumps({"end_time": "2026-11-23T10:00:00"}))
-    answers = resume_on_two_ranks([shared, stale], port=29643)  # rank 1 alone would resume checkpoint-2
+    answers = resume_on_two_ranks([shared, stale], port=free_port())  # rank 1 alone would resume checkpoint-2
     assert answers[0] == answers[1] and answers[0][0] == "RecipeError", answers
     assert "holds a finished run" in answers[1][1] and "fix: choose a new training.output_dir" in answers[1][1]
 
     (shared / "run.json").write_text("{not json")  # an error that is not hf_tune's: rank 0 raises it, rank 1 is told
-    answers = resume_on_two_ranks([shared, stale], port=29645)
+    answers = resume_on_two_ranks([shared, stale], port=free_port())
     assert answers[0][0] == "JSONDecodeError", answers
     assert answers[1][0] == "HfTuneError" and "on the main process: JSONDecodeError" in answers[1][1], answers

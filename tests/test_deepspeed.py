@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe
+from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe
 from hf_tune.errors import HfTuneError
 
@@ -64,8 +64,8 @@ def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tmp_path, tin
     recipe.write_text(yaml.safe_dump(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, deepspeed="zero3")))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
     result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             "29591", "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=900)
+                             str(free_port()), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "rank 0 of 2" in output and "rank 1 of 2" in output
@@ -88,8 +88,8 @@ def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llam
     recipe.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
     result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             "29593", "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=900)
+                             str(free_port()), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
     config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
@@ -124,13 +124,13 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
     def command(path: Path, port: int) -> list[str]:
         return [deepspeed, "--num_gpus", "2", "--master_port", str(port), "--module", "hf_tune.run", str(path)]
 
-    port = 29631 if stage == "zero2" else 29641
+    port = free_port()
     reference = subprocess.run(command(recipe("reference"), port), cwd=REPO, env=env, capture_output=True, text=True,
                                timeout=900)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     killed = recipe("killed")
-    proc = subprocess.Popen(command(killed, port + 1), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(killed, free_port()), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while not is_complete(tmp_path / "killed" / "checkpoint-8"):
@@ -138,7 +138,7 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
     proc.wait()
-    resumed = subprocess.run(command(killed, port + 2), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(command(killed, free_port()), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout + resumed.stderr
 
@@ -208,7 +208,7 @@ def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(
     recipe.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
     result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             "29597", str(REPO / "tests" / "deepspeed_probe.py"), str(recipe),
+                             str(free_port()), str(REPO / "tests" / "deepspeed_probe.py"), str(recipe),
                              str(tmp_path / "report.json")], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

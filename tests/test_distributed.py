@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe
+from conftest import REPO, chat_recipe, free_port
 
 BIN = Path(sys.executable).parent
 
@@ -42,7 +42,8 @@ def assert_data_parallel(run_dir: Path) -> None:
 @pytest.mark.slow
 def test_torchrun_two_processes_train_one_model_on_different_batches(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir)
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", "29601", "tests/ddp_probe.py", str(recipe))
+    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
+                 str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_data_parallel(tmp_path / "run")
 
@@ -50,7 +51,7 @@ def test_torchrun_two_processes_train_one_model_on_different_batches(tmp_path, t
 @pytest.mark.slow
 def test_accelerate_multi_gpu_launch_on_cpu_is_data_parallel(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir)
-    result = run("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29611",
+    result = run("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port()),
                  "tests/ddp_probe.py", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_data_parallel(tmp_path / "run")
@@ -68,7 +69,8 @@ def test_accelerate_single_process_launcher_asked_for_two_is_refused(tmp_path, t
 @pytest.mark.slow
 def test_torchrun_ranks_that_would_train_alone_are_refused(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir, use_cpu=False)  # on CPU: each rank would be world size 1
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", "29621", "-m", "hf_tune.run", str(recipe))
+    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.run",
+                 str(recipe))
     assert result.returncode != 0
     assert "WORLD_SIZE=2" in result.stderr and "trains alone" in result.stderr
 
@@ -98,7 +100,8 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path, smol_tok
     smol_tokenizer.save_pretrained(tmp_path / "model")
     recipe = small_recipe(tmp_path, str(tmp_path / "model"), max_steps=12, save_strategy="steps", save_steps=1)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", "29631", "tests/ddp_probe.py", str(recipe))
+    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
+                 str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     errors = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text())["error"] for r in (0, 1)]
     steps = [int(e.split("the loss at step ", 1)[1].split()[0]) for e in errors]
@@ -151,7 +154,7 @@ def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, l
     recipe = small_recipe(tmp_path, tiny_llama_dir, deepspeed="zero3")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    port = "29611" if launcher == "torchrun" else "29613"
+    port = str(free_port())
 
     def node(rank: int) -> list[str]:
         if launcher == "torchrun":

@@ -15,7 +15,7 @@ import torch
 from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, TrainerCallback, TrainingArguments)
 
-from conftest import DATA, chat_recipe
+from conftest import DATA, chat_recipe, free_port
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe import load_recipe
 from hf_tune.recipe.schema import OptimSection
@@ -262,8 +262,9 @@ def test_deepspeed_zero2_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
     recipe_path.write_text(json.dumps(raw))  # JSON is YAML
     report_path = tmp_path / "report.json"
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "1", "--master_port", "29533",
-                             str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path), str(report_path)],
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "1", "--master_port",
+                             str(free_port()), str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path),
+                             str(report_path)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(report_path.read_text())

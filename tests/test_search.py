@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe
+from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
 from hf_tune.hpo import make_storage, open_rdb, redact_url
@@ -175,8 +175,8 @@ def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", "29561", "-m", "hf_tune.search", str(recipe),
-               env=env)
+    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.search",
+               str(recipe), env=env)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     lines = [line.split(": trial ", 1)[1] for line in err.splitlines() if " of 2: trial " in line]
@@ -196,8 +196,8 @@ def test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank(tmp_path, tiny_llam
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", "29563", "-m", "hf_tune.search", str(recipe),
-               env=env)
+    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.search",
+               str(recipe), env=env)
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
