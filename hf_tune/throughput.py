@@ -11,6 +11,7 @@ measured once per machine (cached), not by a data-sheet number.
 from __future__ import annotations
 
 import json
+import platform
 import resource
 import time
 from dataclasses import dataclass
@@ -104,7 +105,10 @@ def count_batch(inputs: dict) -> BatchCounts:
 
 def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     """Dense matmul FLOP/s of this device and dtype (with this many threads), measured once and cached."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{torch.get_num_threads()}threads"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{cpu_name()}-{torch.get_num_threads()}threads"
     key = f"{name}/{dtype}"
     try:
         cache = json.loads(PEAK_CACHE.read_text())
@@ -126,6 +130,17 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
         PEAK_CACHE.write_text(json.dumps(cache, indent=1))
     return cache[key]
+
+
+def cpu_name() -> str:
+    """The CPU's model name: a home folder shared by different machines must not share one cached peak."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def _sync(device: torch.device) -> None:
