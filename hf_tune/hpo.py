@@ -190,6 +190,8 @@ def search(recipe: Recipe) -> dict:
     def model_init(trial=None):  # Trainer calls it before hp_space: it samples the trial's values itself
         current = base
         if trial is not None:
+            if trial.number >= spec.n_trials:  # every rank holds the number: rank 0's trial, the others' copy
+                raise SurplusTrial(trial.number, spec.n_trials)
             values = sample(trial)
             logger.info("rank %d of %d: trial %s with %s", args.process_index, args.world_size,
                         getattr(trial, "number", "?"), values)
@@ -233,9 +235,9 @@ def search(recipe: Recipe) -> dict:
                 direction=directions if multi else directions[0], backend="optuna",
                 hp_name=lambda trial: f"trial-{trial.number}", study_name=study_name, storage=storage,
                 load_if_exists=True, sampler=make_sampler(spec), pruner=pruner,
-                catch=() if distributed else (Exception,), gc_after_trial=True,
+                catch=(SurplusTrial,) if distributed else (Exception,), gc_after_trial=True,
             )
-        except optuna.TrialPruned:  # the other ranks: upstream's loop for them lets rank 0's pruning out
+        except (optuna.TrialPruned, SurplusTrial):  # the other ranks: upstream's loop for them lets these out
             if trainer.is_world_process_zero():
                 raise
         except ValueError:  # upstream asks for the best trial, and none has completed yet (pruned or failed)
@@ -245,6 +247,20 @@ def search(recipe: Recipe) -> dict:
     if not trainer.is_world_process_zero():
         return {}
     return summarize(optuna.load_study(study_name=study_name, storage=storage), recipe, metrics, study_dir)
+
+
+class SurplusTrial(HfTuneError):
+    """A trial created after the study reached n_trials: workers that checked the count at the same moment each
+    started one. It fails at once, before any training, so the study runs n_trials trials and not up to
+    n_trials + workers - 1. Every rank raises it at the same point, so it is safe to catch under DDP."""
+
+    def __init__(self, number: int, n_trials: int):
+        super().__init__(f"search: trial {number} not run: the study already has search.n_trials={n_trials} trials "
+                         "(other workers started theirs at the same moment)")
+        self.number, self.n_trials = number, n_trials
+
+    def __reduce__(self):
+        return type(self), (self.number, self.n_trials)
 
 
 def trainable_params(model) -> int:
@@ -275,6 +291,10 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     result: dict[str, Any] = {"study_name": study.study_name, "metrics": metrics, "trials": trials,
                               "study_dir": str(study_dir)}
+    running = [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    if not complete and running:  # other workers are still training: the last one to finish writes the summary
+        logger.info("search: no trial has completed yet; trial(s) %s still run in other workers", running)
+        return {**result, "best": [], "running": running}
     if not complete:
         raise HfTuneError(f"search: none of the {len(trials)} trials completed; see the errors in {study_dir}")
     best = study.best_trials if len(metrics) > 1 else [study.best_trial]
@@ -330,6 +350,10 @@ def format_summary(result: dict) -> str:
         values = ", ".join(f"{v:.4g}" for v in t["values"]) if t["values"] else "-"
         lines.append(f"{t['number']:>3} {t['state']:<9} {values:<24} {t['params']}"
                      + (f"\n      error: {t['error']}" if t["error"] else ""))
+    if result.get("running"):
+        lines.append(f"\nno trial has completed yet; still running in other workers: {result['running']}. The "
+                     "worker that finishes last writes the best recipe.")
+        return "\n".join(lines)
     for b in result["best"]:
         lines.append(f"\nbest: trial {b['number']} {dict(zip(result['metrics'], b['values']))} {b['params']}")
     lines.append(f"best recipe: {result['best_recipe']}  (python -m hf_tune.run {result['best_recipe']})")

@@ -167,6 +167,49 @@ def test_two_workers_share_one_study_without_losing_or_repeating_trials(tmp_path
     assert len(ran) == 4 and all(sum(f"trial {n} with" in line for line in ran) == 1 for n in range(4))
 
 
+# A worker that holds its first new trial until every worker has reached that point: each has then checked the
+# trial count (and found room for one more) before any trial exists, the race that let workers overshoot n_trials.
+HELD_WORKER = """
+import os, sys, time
+from pathlib import Path
+from optuna.storages import RDBStorage
+arrived, workers = Path(sys.argv[1]), int(sys.argv[2])
+create_new_trial = RDBStorage._create_new_trial  # what the study's cached storage calls
+
+def held(self, *args, **kwargs):
+    if not arrived.joinpath(str(os.getpid())).exists():
+        arrived.joinpath(str(os.getpid())).touch()
+        deadline = time.time() + 300
+        while len(list(arrived.iterdir())) < workers:
+            assert time.time() < deadline, "the other workers never came"
+            time.sleep(0.05)
+    return create_new_trial(self, *args, **kwargs)
+
+RDBStorage._create_new_trial = held
+from hf_tune.search import main
+main(sys.argv[3:])
+"""
+
+
+@pytest.mark.slow
+def test_workers_starting_trials_together_run_no_more_than_n_trials(tmp_path, tiny_llama_dir):
+    space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1}, lora=None)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    arrived = tmp_path / "arrived"
+    arrived.mkdir()
+    workers = [cli("python", "-c", HELD_WORKER, str(arrived), "2", str(recipe)) for _ in range(2)]
+    outputs = [w.communicate(timeout=600) for w in workers]
+    assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
+    assert len(list(arrived.iterdir())) == 2  # both held: both had found room for a trial
+    trials = optuna.load_study(study_name="recipe", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}").trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"]
+    assert "trial 1 not run: the study already has search.n_trials=1 trials" in trials[1].user_attrs["error"]
+    trained = [line for _, err in outputs for line in err.splitlines() if "rank 0 of 1: trial" in line]
+    assert len(trained) == 1 and "trial 0 with" in trained[0], trained
+
+
 @pytest.mark.slow
 def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
     space = {"lora.r": {"type": "categorical", "choices": [2, 8]},
