@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from hf_tune.recipe.loading import Recipe, apply_values, redact_secrets, validat
 from hf_tune.recipe.schema import Distribution, SearchSection
 
 logger = logging.getLogger(__name__)
+# what Optuna's best-trial lookup raises while no trial has completed (a database storage, the others)
+NO_BEST_TRIAL = {"Record does not exist.", "No trials are completed yet."}
 LOWER_IS_BETTER = ("loss", "perplexity", "trainable_params")
 
 
@@ -193,8 +196,8 @@ def search(recipe: Recipe) -> dict:
             if trial.number >= spec.n_trials:  # every rank holds the number: rank 0's trial, the others' copy
                 raise SurplusTrial(trial.number, spec.n_trials)
             values = sample(trial)
-            logger.info("rank %d of %d: trial %s with %s", args.process_index, args.world_size,
-                        getattr(trial, "number", "?"), values)
+            logger.info("rank %d of %d: trial %s with %s", args.process_index, args.world_size, trial.number,
+                        values)
             current = trial_recipe(base, values)
             trainer.optim = current.optim  # the groups of this trial's optimizer
         model = build_model(current, tokenizer, labels)
@@ -240,9 +243,8 @@ def search(recipe: Recipe) -> dict:
         except (optuna.TrialPruned, SurplusTrial):  # the other ranks: upstream's loop for them lets these out
             if trainer.is_world_process_zero():
                 raise
-        except ValueError:  # upstream asks for the best trial, and none has completed yet (pruned or failed)
-            study = optuna.load_study(study_name=study_name, storage=storage)
-            if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        except ValueError as err:  # upstream asks for the best trial, and none has completed yet (pruned or failed)
+            if str(err) not in NO_BEST_TRIAL:  # any other ValueError (one from training) is the trial's to report
                 raise
     if not trainer.is_world_process_zero():
         return {}
@@ -285,6 +287,9 @@ def _another_trial(trainer, storage, study_name: str, directions: list[str], spe
 
 
 def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dict:
+    with warnings.catch_warnings():  # trials of killed workers (no heartbeat for a while) are failed first
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     trials = [{"number": t.number, "state": t.state.name, "values": t.values, "params": t.params,
                "trainable_params": t.user_attrs.get("trainable_params"),
                "error": t.user_attrs.get("error")} for t in study.trials]
@@ -293,7 +298,8 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
                               "study_dir": str(study_dir)}
     running = [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     if not complete and running:  # other workers are still training: the last one to finish writes the summary
-        logger.info("search: no trial has completed yet; trial(s) %s still run in other workers", running)
+        logger.info("search: no trial has completed yet; trial(s) %s still run in other workers (or, with a journal "
+                    "file, which has no heartbeat, were left running by a killed one)", running)
         return {**result, "best": [], "running": running}
     if not complete:
         raise HfTuneError(f"search: none of the {len(trials)} trials completed; see the errors in {study_dir}")
@@ -351,8 +357,9 @@ def format_summary(result: dict) -> str:
         lines.append(f"{t['number']:>3} {t['state']:<9} {values:<24} {t['params']}"
                      + (f"\n      error: {t['error']}" if t["error"] else ""))
     if result.get("running"):
-        lines.append(f"\nno trial has completed yet; still running in other workers: {result['running']}. The "
-                     "worker that finishes last writes the best recipe.")
+        lines.append(f"\nno trial has completed yet; running in other workers: {result['running']} (with a journal "
+                     "file, possibly left so by a killed worker). The worker that finishes last writes the best "
+                     "recipe.")
         return "\n".join(lines)
     for b in result["best"]:
         lines.append(f"\nbest: trial {b['number']} {dict(zip(result['metrics'], b['values']))} {b['params']}")
