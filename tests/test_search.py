@@ -195,14 +195,19 @@ main(sys.argv[3:])
 """
 
 
-@pytest.mark.slow
-def test_workers_starting_trials_together_run_no_more_than_n_trials(tmp_path, tiny_llama_dir):
+def one_trial_study(tmp_path: Path, model_dir: str) -> tuple[Path, Path]:
+    """A recipe for a study of n_trials: 1, and the empty folder where held workers say they arrived."""
     space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
-    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1}, lora=None)
+    raw = search_recipe(model_dir, tmp_path / "study", {"space": space, "n_trials": 1}, lora=None)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    arrived = tmp_path / "arrived"
-    arrived.mkdir()
+    (tmp_path / "arrived").mkdir()
+    return recipe, tmp_path / "arrived"
+
+
+@pytest.mark.slow
+def test_workers_starting_trials_together_run_no_more_than_n_trials(tmp_path, tiny_llama_dir):
+    recipe, arrived = one_trial_study(tmp_path, tiny_llama_dir)
     workers = [cli("python", "-c", HELD_WORKER, str(arrived), "2", str(recipe)) for _ in range(2)]
     outputs = [w.communicate(timeout=600) for w in workers]
     assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
@@ -217,12 +222,8 @@ def test_workers_starting_trials_together_run_no_more_than_n_trials(tmp_path, ti
 @pytest.mark.slow
 def test_two_ddp_launches_starting_trials_together_run_no_more_than_n_trials(tmp_path, tiny_llama_dir):
     """The surplus trial fails on both of its ranks at once; neither launch hangs."""
-    space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
-    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1}, lora=None)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(raw))
-    arrived, worker = tmp_path / "arrived", tmp_path / "held_worker.py"
-    arrived.mkdir()
+    recipe, arrived = one_trial_study(tmp_path, tiny_llama_dir)
+    worker = tmp_path / "held_worker.py"
     worker.write_text(HELD_WORKER)  # rank 0 of each launch creates the trials: two processes meet at the barrier
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launches = [cli("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(worker), str(arrived),
