@@ -256,8 +256,7 @@ def resume_on_two_ranks(output_dirs: list[Path], port: int) -> dict:
     for process in ranks:
         process.join(120)
     assert [process.exitcode for process in ranks] == [0, 0]  # none hung or crashed
-    answers = dict((rank, (kind, value)) for rank, kind, value in (results.get(timeout=5) for _ in ranks))
-    return answers
+    return {rank: (kind, value) for rank, kind, value in (results.get(timeout=5) for _ in ranks)}
 
 
 def fake_checkpoint(run_dir: Path, step: int) -> None:
