@@ -7,6 +7,7 @@ import os
 import torch
 from transformers import TrainingArguments
 
+from hf_tune.ds_config import load_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.loading import Recipe
 from hf_tune.recipe.upstream import blame_key
@@ -21,6 +22,8 @@ def training_kwargs(recipe: Recipe) -> dict:
     kwargs = dict(recipe.training)
     if "use_cpu" not in kwargs and not accelerator_available():
         kwargs["use_cpu"] = True  # without it, a CPU run under torchrun trains each rank alone
+    if kwargs.get("deepspeed"):  # the JSON itself: the recipe keeps the short name (zero3) or path it was given
+        kwargs["deepspeed"] = load_deepspeed_config(kwargs["deepspeed"])
     if recipe.data.batch_tokens and "per_device_train_batch_size" not in kwargs:
         kwargs["per_device_train_batch_size"] = 1  # one pack of up to data.batch_tokens tokens per step and device
     return kwargs

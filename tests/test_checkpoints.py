@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe, train
 from hf_tune.checkpoints import MARKER, is_complete
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import HfTuneError, RecipeError
 
 SECRET = "hf_SECRETtoken1234567890"
 
@@ -174,9 +174,18 @@ def test_resume_modes(tmp_path, tiny_llama_dir):
                                       resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))))
 
 
+def test_a_token_in_the_recipe_is_refused_before_anything_is_written(tmp_path, tiny_llama_dir):
+    for training, key in (({"hub_token": SECRET}, "training.hub_token"),
+                          ({"run_name": f"run-{SECRET}"}, "training.run_name")):
+        with pytest.raises(RecipeError, match="HF_TOKEN") as info:
+            load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", **training))
+        assert info.value.key == key and SECRET not in str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_manifest_has_every_field_and_no_secret(tmp_path, tiny_llama_dir, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", SECRET)
-    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", hub_token=SECRET, run_name=f"run-{SECRET}")
+    monkeypatch.setenv("HF_TOKEN", SECRET)  # where a token belongs: the environment (or `hf auth login`)
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", save_strategy="steps", save_steps=1)
     raw["data"]["eval_split"] = 0.05
     train(load_recipe(raw))
     text = (tmp_path / "run" / "run.json").read_text()
@@ -190,9 +199,11 @@ def test_manifest_has_every_field_and_no_secret(tmp_path, tiny_llama_dir, monkey
     assert manifest["world_size"] == 1 and manifest["device"] == "cpu"
     assert "train_loss" in manifest["metrics"] and "eval_loss" in manifest["metrics"]
     assert manifest["end_time"] >= manifest["start_time"]
-    for path in (tmp_path / "run").rglob("*"):
-        if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".txt", ".log"):
-            assert SECRET not in path.read_text(errors="ignore"), path
+    assert manifest["cpu_threads"] >= 1
+    files = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert any(path.name == "training_args.bin" for path in files)  # Trainer's pickled arguments, in each checkpoint
+    for path in files:  # every byte of the run folder and its checkpoints
+        assert SECRET.encode() not in path.read_bytes(), path
 
 
 def test_training_report_plots(tmp_path, tiny_llama_dir):

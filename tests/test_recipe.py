@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import DATA, REPO, run_cli, write_recipe
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe import apply_overrides, load_recipe, redact_secrets
 
 GOOD = {
@@ -112,12 +112,21 @@ def test_overrides_are_typed_yaml_and_create_nested_keys():
             apply_overrides({}, [bad])
 
 
-def test_secrets_are_redacted_in_the_resolved_recipe():
-    recipe = load_recipe(GOOD, ["training.hub_token=hf_abcdefSECRET"])
-    resolved = redact_secrets(recipe.to_dict())
-    assert resolved["training"]["hub_token"] == "***"
+def test_a_secret_in_a_recipe_is_refused_with_the_environment_as_the_fix():
+    cases = {"training.hub_token=hf_abcdefSECRET": "training.hub_token",
+             "training.run_name=hf_abcdefSECRET": "training.run_name",
+             "tracking.tags=[demo, sk-abcdefSECRET123]": "tracking.tags[1]"}
+    for override, key in cases.items():
+        with pytest.raises(RecipeError) as info:
+            load_recipe(GOOD, [override])
+        assert info.value.key == key and "HF_TOKEN" in info.value.fix and "SECRET" not in str(info.value)
+
+
+def test_redaction_masks_secret_keys_and_token_shaped_values():
+    resolved = redact_secrets({"training": {"hub_token": "anything", "learning_rate": 1e-4},
+                               "notes": ["pushed with hf_abcdefSECRET"]})
+    assert resolved["training"] == {"hub_token": "***", "learning_rate": 1e-4}
     assert "SECRET" not in yaml.safe_dump(resolved)
-    assert resolved["training"]["learning_rate"] == 1e-4
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from hf_tune.ds_config import deepspeed_config_path, load_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.loading import Recipe
 
@@ -115,7 +113,7 @@ def _check_push(recipe: Recipe) -> None:
 
     from hf_tune.hub import hub_is_reachable
 
-    if not (recipe.training.get("hub_token") or get_token()):
+    if not get_token():
         raise RecipeError("training.push_to_hub", "asks for a push, but no Hugging Face token is configured",
                           fix="export HF_TOKEN=... (or `hf auth login`), or set training.push_to_hub: false and push "
                           "later with `hf-tune push RUN_DIR --repo-id OWNER/NAME`")
@@ -142,7 +140,6 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
                           "training.load_best_model_at_end: true (and greater_is_better for metrics such as accuracy)")
 
 
-BUNDLED_DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
 # DeepSpeed key -> (TrainingArguments key, its default): a non-"auto" DeepSpeed value must agree with the recipe
 _DS_MIRRORS = {
     "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", 8),
@@ -186,31 +183,12 @@ def _check_fsdp(recipe: Recipe) -> None:
                               "model's own _no_split_modules are wrapped by default)")
 
 
-def resolve_deepspeed_config(value: str) -> Path:
-    """A bundled config's short name (zero2, zero3_offload, ...) or a path."""
-    bundled = BUNDLED_DS_CONFIGS / f"{value.removesuffix('.json')}.json"
-    if "/" not in value and bundled.is_file():
-        return bundled
-    path = Path(value)
-    if not path.is_file():
-        names = sorted(p.stem for p in BUNDLED_DS_CONFIGS.glob("*.json"))
-        raise RecipeError("training.deepspeed", f"file not found: {value}", fix=f"a JSON path, or one of {names}")
-    return path
-
-
 def _check_deepspeed(recipe: Recipe, optim_given: bool) -> None:
     config = recipe.training.get("deepspeed")
     if not config:
         return
-    name = "the DeepSpeed config"
-    if isinstance(config, str):
-        path = resolve_deepspeed_config(config)
-        recipe.training["deepspeed"] = str(path)
-        name = path.name
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise RecipeError("training.deepspeed", f"{path} is not valid JSON: {err}") from None
+    name = deepspeed_config_path(config).name if isinstance(config, str) else "the DeepSpeed config"
+    config = load_deepspeed_config(config)  # the recipe keeps the short name or path the user wrote
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise RecipeError("training.deepspeed", f"{name}: unknown ZeRO stage {stage!r}", fix="use 0, 1, 2 or 3")

@@ -136,6 +136,7 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
+    refuse_secrets(raw)
     for section in raw:
         if section not in SECTIONS:
             raise RecipeError(str(section), f"unknown section; a recipe has {', '.join(SECTIONS)}", fix=did_you_mean(str(section), SECTIONS))
@@ -246,6 +247,28 @@ def _available_offline(repo_id: str, revision: str | None) -> bool:
     from hf_tune.hub import hub_is_reachable
 
     return os.path.isdir(repo_id) or hub_is_reachable() or isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
+
+
+SECRET_FIX = ("keep tokens out of recipes: export HF_TOKEN=... or run `hf auth login` (W&B: WANDB_API_KEY or "
+              "`wandb login`); the Hub client and the trackers read them from there")
+
+
+def refuse_secrets(raw: Any, path: str = "") -> None:
+    """A recipe holds no secret: it is saved in the run folder and uploaded, and Trainer pickles its arguments
+    (``training_args.bin``, in every checkpoint). Any secret-named key with a value, or a token-shaped string, is an
+    error."""
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            dotted = f"{path}.{key}" if path else str(key)
+            if _SECRET_KEY.search(str(key)) and value not in (None, "", False):
+                raise RecipeError(dotted, "holds a secret, which would be written into recipe.yaml, run.json and "
+                                  "every checkpoint's training_args.bin", fix=SECRET_FIX)
+            refuse_secrets(value, dotted)
+    elif isinstance(raw, (list, tuple)):
+        for i, value in enumerate(raw):
+            refuse_secrets(value, f"{path}[{i}]")
+    elif isinstance(raw, str) and _TOKEN_VALUE.search(raw):
+        raise RecipeError(path, "holds a token-shaped value (hf_... or sk-...)", fix=SECRET_FIX)
 
 
 def redact_secrets(value: Any) -> Any:
