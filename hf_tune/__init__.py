@@ -12,7 +12,7 @@ Notebook API, each step callable alone::
 
 from hf_tune.data import build_datasets
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.hpo import search
+from hf_tune.search import search
 from hf_tune.modeling import build_model_and_tokenizer
 from hf_tune.recipe import Recipe, load_recipe
 from hf_tune.training import train

@@ -41,7 +41,7 @@ def _cv(args) -> None:
 
 def _search(args) -> None:
     from hf_tune.recipe import load_recipe
-    from hf_tune.hpo import format_summary, search
+    from hf_tune.search import format_summary, search
 
     print(format_summary(search(load_recipe(args.recipe, args.overrides))))
 

@@ -19,9 +19,11 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
     from transformers import set_seed
 
     from hf_tune.data import data_seed, tokenize
+    from hf_tune.distributed import fit_cpu_threads
     from hf_tune.data.classification import label_names
     from hf_tune.data.loading import load_source
     from hf_tune.modeling import build_model, build_tokenizer
+    from hf_tune.tracking import tracking_scope
     from hf_tune.trainer import build_trainer
     from hf_tune.training_args import build_training_arguments
 
@@ -41,11 +43,13 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
     for k, (train_idx, eval_idx) in enumerate(splitter.split(np.zeros(len(targets)), targets)):
         fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(out / f"fold-{k}")})
         args = build_training_arguments(fold)
+        fit_cpu_threads(args)
         set_seed(args.seed)
         model = build_model(fold, tokenizer, labels)
         trainer = build_trainer(fold, model, tokenizer, dataset.select(train_idx), dataset.select(eval_idx), args)
-        trainer.train()
-        metrics = trainer.evaluate()
+        with tracking_scope(fold, Path(args.output_dir)):  # each fold its own tracker run
+            trainer.train()
+            metrics = trainer.evaluate()
         trainer.save_metrics("eval", metrics)
         counts = np.bincount(targets[eval_idx], minlength=len(labels))
         per_fold.append({"fold": k, "train_examples": len(train_idx), "eval_examples": len(eval_idx),

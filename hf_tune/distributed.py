@@ -98,3 +98,49 @@ def check_distributed(args) -> None:
             "launcher), so nothing would be distributed\n"
             f"  fix: accelerate launch --multi_gpu --num_processes {asked} -m hf_tune.run ... (also on CPU), "
             f"or torchrun --nproc_per_node {asked} -m hf_tune.run ...")
+
+
+LAUNCHERS = ("accelerate", "torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def _launcher_forced_one_thread() -> bool:
+    """Whether OMP_NUM_THREADS=1 came from a launcher rather than the user: ``accelerate launch`` (without ``--cpu``
+    or ``--num_cpu_threads_per_process``) and ``torchrun`` set it for their children when their own environment has
+    none. A parent that cannot be read counts as the user's choice."""
+    if os.environ.get("OMP_NUM_THREADS") != "1":
+        return False
+    try:
+        import psutil
+
+        parent = psutil.Process(os.getppid())
+        command, environ = parent.cmdline(), parent.environ()
+    except Exception:  # no parent to read (or not ours): leave the setting alone
+        return False
+    launcher = " ".join(command[:3])
+    if "OMP_NUM_THREADS" in environ or not any(name in launcher for name in LAUNCHERS):
+        return False
+    flags = ("--num_cpu_threads_per_process", "--num-cpu-threads-per-process")
+    return not any(part.startswith(flags) for part in command)
+
+
+def fit_cpu_threads(args) -> int:
+    """On CPU, undo a launcher's one-thread default: use the physical cores of this node divided by its processes.
+    A thread count the user chose (OMP_NUM_THREADS, ``--num_cpu_threads_per_process``) is kept. Returns the count."""
+    import logging
+
+    import torch
+
+    if args.device.type != "cpu" or not _launcher_forced_one_thread():
+        return torch.get_num_threads()
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = max(cores // local, 1)
+    torch.set_num_threads(threads)
+    logging.getLogger("hf_tune").info(
+        "CPU threads: %d per process (%d physical cores / %d process(es) on this node); the launcher had set "
+        "OMP_NUM_THREADS=1. Set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose.", threads, cores, local)
+    return threads

@@ -60,6 +60,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
         "platform": platform.platform(),
         "world_size": args.world_size,
         "device": device,
+        "cpu_threads": torch.get_num_threads(),
         "datasets": {name: {"fingerprint": ds._fingerprint, "examples": len(ds)} for name, ds in datasets.items()
                      if ds is not None},
         "start_time": start_time,

@@ -4,9 +4,11 @@ store in the run folder."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -38,8 +40,41 @@ def _netrc_has(host: str) -> bool:
     return netrc.is_file() and host in netrc.read_text(errors="ignore")
 
 
+TRACKER_ENV = ("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "WANDB_DIR", "WANDB_RUN_ID",
+               "WANDB_RESUME", "WANDB_MODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_NAME")
+
+
+@contextlib.contextmanager
+def tracking_scope(recipe: Recipe, run_dir: Path):
+    """The trackers' settings for this run only: set on entry (what the environment already held wins), and on exit
+    the tracker runs are closed and the environment is as it was. So a second run in one process (a notebook, the
+    folds of ``hf-tune cv``) gets its own W&B / MLflow run, not the first one's id, name and folder."""
+    saved = {key: os.environ.get(key) for key in TRACKER_ENV}
+    try:
+        configure_tracking(recipe, run_dir)
+        yield
+    finally:
+        _finish_tracker_runs()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _finish_tracker_runs() -> None:
+    if "wandb" in sys.modules:
+        wandb = sys.modules["wandb"]
+        if wandb.run is not None:
+            wandb.finish()
+        wandb.teardown()  # W&B reads WANDB_* once per process setup: the next run must set up anew
+    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
+        sys.modules["mlflow"].end_run()
+
+
 def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
-    """Set the trackers' environment before Trainer starts them (every rank; only the main process logs)."""
+    """Set the trackers' environment before Trainer starts them (every rank; only the main process logs). Use it
+    through ``tracking_scope``, which restores the environment afterwards."""
     targets, tracking = report_targets(recipe), recipe.tracking
     if "wandb" in targets or "all" in targets:
         env = {"WANDB_PROJECT": tracking.project, "WANDB_RUN_GROUP": tracking.group,
@@ -48,19 +83,7 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
         for key, value in env.items():
             if value and key not in os.environ:
                 os.environ[key] = value
-        run_dir.mkdir(parents=True, exist_ok=True)
-        id_file = run_dir / "wandb_run_id"
-        if not id_file.is_file():  # one W&B run per run folder: a resumed run continues it
-            # every rank gets here at once: the first id linked into place wins, and no rank reads a half-written file
-            staged = id_file.with_name(f".wandb_run_id.{os.getpid()}")
-            staged.write_text(uuid.uuid4().hex[:12])
-            try:
-                os.link(staged, id_file)
-            except FileExistsError:
-                pass
-            finally:
-                staged.unlink()
-        os.environ.setdefault("WANDB_RUN_ID", id_file.read_text().strip())
+        os.environ.setdefault("WANDB_RUN_ID", wandb_run_id(run_dir))
         os.environ.setdefault("WANDB_RESUME", "allow")
         if os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
             online, why = wandb_can_sync()
@@ -74,6 +97,23 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
             os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", tracking.project)
         if tracking.name:
             os.environ.setdefault("MLFLOW_RUN_NAME", tracking.name)
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """One W&B run per run folder, kept in ``run_dir/wandb_run_id``: a resumed run continues it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    id_file = run_dir / "wandb_run_id"
+    if not id_file.is_file():
+        # every rank gets here at once: the first id linked into place wins, and no rank reads a half-written file
+        staged = id_file.with_name(f".wandb_run_id.{os.getpid()}")
+        staged.write_text(uuid.uuid4().hex[:12])
+        try:
+            os.link(staged, id_file)
+        except FileExistsError:
+            pass
+        finally:
+            staged.unlink()
+    return id_file.read_text().strip()
 
 
 class RecipeToTrackers(TrainerCallback):

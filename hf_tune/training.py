@@ -15,24 +15,32 @@ logger = logging.getLogger("hf_tune")
 def train(recipe: Recipe):
     """Build everything from the recipe, train (resuming from the newest complete checkpoint unless the recipe says
     otherwise), and fill the run folder. Returns the trainer."""
-    from transformers import set_seed
-
     from hf_tune.checkpoints import resume_checkpoint
-    from hf_tune.data import build_datasets
-    from hf_tune.distributed import check_distributed
-    from hf_tune.manifest import now, write_manifest
-    from hf_tune.modeling import build_model_and_tokenizer
-    from hf_tune.report import write_report
-    from hf_tune.tracking import configure_tracking
-    from hf_tune.trainer import build_trainer
+    from hf_tune.distributed import check_distributed, fit_cpu_threads
+    from hf_tune.manifest import now
+    from hf_tune.tracking import tracking_scope
     from hf_tune.training_args import build_training_arguments
 
     started = now()
     args = build_training_arguments(recipe)
     check_distributed(args)
+    fit_cpu_threads(args)
     run_dir = Path(args.output_dir)
     resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
-    configure_tracking(recipe, run_dir)
+    with tracking_scope(recipe, run_dir):  # this run's tracker settings; the process environment is restored after
+        return _build_and_train(recipe, args, resume, started)
+
+
+def _build_and_train(recipe: Recipe, args, resume: str | None, started: str):
+    from transformers import set_seed
+
+    from hf_tune.data import build_datasets
+    from hf_tune.manifest import now, write_manifest
+    from hf_tune.modeling import build_model_and_tokenizer
+    from hf_tune.report import write_report
+    from hf_tune.trainer import build_trainer
+
+    run_dir = Path(args.output_dir)
     set_seed(args.seed)  # the model's freshly initialised weights (heads, LoRA) are seeded too
     model, tokenizer = build_model_and_tokenizer(recipe)
     train_dataset, eval_dataset = build_datasets(recipe, tokenizer, args)

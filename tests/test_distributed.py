@@ -172,3 +172,22 @@ def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, l
     assert "rank 0 of 2" in outputs[0] and "rank 1 of 2" in outputs[1]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["world_size"] == 2
     AutoModelForCausalLM.from_pretrained(tmp_path / "run")  # consolidated from the two nodes' ZeRO-3 shards
+
+
+@pytest.mark.slow
+def test_accelerate_launch_on_cpu_trains_on_every_core_unless_the_user_chose_a_thread_count(tmp_path, tiny_llama_dir):
+    import os
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the user chose no thread count
+    cores = min(psutil.cpu_count(logical=False) or 1, len(os.sched_getaffinity(0)))
+    recipe = small_recipe(tmp_path, tiny_llama_dir, max_steps=1)
+    for flags, expected in (([], cores), (["--num_cpu_threads_per_process", "1"], 1)):
+        run_dir = tmp_path / f"run-{len(flags)}"
+        result = subprocess.run([str(BIN / "accelerate"), "launch", *flags, "-m", "hf_tune.run", str(recipe),
+                                 f"training.output_dir={run_dir}"], cwd=REPO, capture_output=True, text=True,
+                                timeout=600, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads((run_dir / "run.json").read_text())["cpu_threads"] == expected
+        assert ("CPU threads:" in result.stderr) == (not flags)  # one log line, only when hf_tune chose

@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
-from hf_tune.hpo import make_storage, open_rdb, redact_url
+from hf_tune.search.study import make_storage, open_rdb, redact_url
 from hf_tune.recipe.schema import SearchSection
 
 LORA = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
@@ -190,7 +190,7 @@ def held(self, *args, **kwargs):
     return create_new_trial(self, *args, **kwargs)
 
 RDBStorage._create_new_trial = held
-from hf_tune.search import main
+from hf_tune.search.__main__ import main
 main(sys.argv[3:])
 """
 
@@ -327,3 +327,36 @@ def test_a_storage_that_cannot_be_opened_is_named_without_its_password(tmp_path)
         open_rdb(f"sqlite:///{tmp_path / 'no' / 'such' / 'folder' / 'study.db'}", attempts=2)
     assert redact_url("postgresql://optuna:s3cret@db.example:5432/studies") == \
         "postgresql://optuna:***@db.example:5432/studies"
+
+
+def test_tpe_starts_sampling_by_its_model_after_the_startup_trials_the_recipe_sets():
+    from hf_tune.search.study import make_sampler
+
+    def params(sampler) -> list[float]:
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(lambda t: (t.suggest_float("x", -5, 5) - 1) ** 2, n_trials=6)
+        return [t.params["x"] for t in study.trials]
+
+    space = {"x": {"type": "float", "low": -5, "high": 5}}
+    tpe = params(make_sampler(SearchSection(space=space, n_trials=6, sampler_kwargs={"n_startup_trials": 2})))
+    default_tpe = params(make_sampler(SearchSection(space=space, n_trials=6)))
+    random = [optuna.samplers.RandomSampler(seed=42 + k).sample_independent(
+        None, optuna.trial.create_trial(value=0.0), "x", optuna.distributions.FloatDistribution(-5, 5))
+        for k in range(6)]
+    assert tpe[:2] == random[:2] and tpe[2:] != random[2:]  # two random trials, then TPE's model
+    assert default_tpe == random  # Optuna's default: the first 10 trials are random, so 6 trials are a random search
+
+
+def test_the_shipped_search_recipe_lets_tpe_model_most_of_its_trials(monkeypatch):
+    monkeypatch.chdir(REPO)
+    spec = load_recipe(REPO / "recipes" / "llm_lora_search.yaml").search
+    assert spec.sampler == "tpe" and spec.sampler_kwargs["n_startup_trials"] < spec.n_trials / 2
+
+
+def test_hf_tune_search_stays_the_function_after_the_python_m_entry_point_is_imported():
+    code = ("import inspect, runpy, sys; import hf_tune; sys.argv = ['x', '--help']\n"
+            "try:\n    runpy.run_module('hf_tune.search', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "import hf_tune.search.__main__\n"
+            "assert inspect.isfunction(hf_tune.search), hf_tune.search\nprint('function')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("function"), result.stderr[-2000:]

@@ -157,6 +157,8 @@ class SearchSection(_Section):
     n_trials: PositiveInt = 10
     timeout: PositiveFloat | None = Field(default=None, description="seconds; no new trial starts after it")
     sampler: Literal["tpe", "random", "cmaes", "nsga2", "grid"] = "tpe"
+    sampler_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna sampler class, "
+                                           "e.g. n_startup_trials for tpe (Optuna's default: 10 random trials first)")
     pruner: Literal["median", "hyperband", "none"] = "median"
     pruner_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna pruner class")
     seed: int = 42

@@ -1,5 +1,5 @@
 """``python -m hf_tune.search RECIPE [section.key=value ...]``: a hyperparameter search under any launcher
-(python, ``torchrun -m``, ``accelerate launch -m``, ``deepspeed --module``). The search itself is ``hf_tune.hpo``."""
+(python, ``torchrun -m``, ``accelerate launch -m``, ``deepspeed --module``). The search itself is ``hf_tune.search.study``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hf_tune.hpo import format_summary, search
+    from hf_tune.search import format_summary, search
     from hf_tune.recipe import load_recipe
     from hf_tune.run import parser, user_errors
 

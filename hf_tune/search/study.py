@@ -3,7 +3,7 @@
 Each trial rebuilds the model (and the optimizer groups) from the recipe with the trial's values, so any model,
 LoRA or optim key can be searched, not only ``TrainingArguments``. The study lives in an Optuna storage (SQLite in
 the study folder by default), so rerunning the same command continues it, and several processes or machines
-pointed at one storage share its trials. ``python -m hf_tune.search RECIPE [overrides]`` (hf_tune/search.py) runs
+pointed at one storage share its trials. ``python -m hf_tune.search RECIPE [overrides]`` (hf_tune/search/__main__.py) runs
 it under any launcher.
 """
 
@@ -115,7 +115,18 @@ def make_sampler(search: SearchSection):
         return optuna.samplers.GridSampler(grid, seed=search.seed)
     kind = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
             "cmaes": optuna.samplers.CmaEsSampler, "nsga2": optuna.samplers.NSGAIISampler}[search.sampler]
-    return TrialSeededSampler(lambda seed: kind(seed=seed), search.seed)
+    kwargs = dict(search.sampler_kwargs)
+    kwargs.pop("seed", None)  # search.seed seeds each trial
+    try:
+        kind(**kwargs)
+    except TypeError as err:
+        raise RecipeError("search.sampler_kwargs", str(err)) from None
+    startup = kwargs.get("n_startup_trials", 10)
+    if search.sampler == "tpe" and startup >= search.n_trials:
+        logger.warning("search: TPE samples its first %d trials at random, and search.n_trials is %d, so this study "
+                       "is a random search; set search.sampler_kwargs.n_startup_trials below n_trials", startup,
+                       search.n_trials)
+    return TrialSeededSampler(lambda seed: kind(seed=seed, **kwargs), search.seed)
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
@@ -164,6 +175,7 @@ def search(recipe: Recipe) -> dict:
     from transformers import Trainer
 
     from hf_tune.data import build_datasets, dataset_labels
+    from hf_tune.distributed import fit_cpu_threads
     from hf_tune.modeling import build_model, build_tokenizer
     from hf_tune.trainer import build_trainer
     from hf_tune.training_args import build_training_arguments
@@ -182,6 +194,7 @@ def search(recipe: Recipe) -> dict:
             training[key.removeprefix("training.")] = typed(dist, dist.low)
     base = dataclasses.replace(recipe, training=training, search=None)
     args = build_training_arguments(base)
+    fit_cpu_threads(args)
     tokenizer = build_tokenizer(base)
     labels = dataset_labels(base)
     train_dataset, eval_dataset = build_datasets(base, tokenizer, args)

@@ -1,0 +1,30 @@
+"""Tracker settings belong to one run: two runs in one process (a notebook, the folds of cv) get two tracker runs."""
+
+from __future__ import annotations
+
+import os
+
+from conftest import chat_recipe
+from hf_tune import load_recipe, train
+from hf_tune.tracking import TRACKER_ENV
+
+
+def test_two_runs_in_one_process_get_two_wandb_runs_each_in_its_own_folder(tmp_path, tiny_llama_dir, monkeypatch):
+    for key in TRACKER_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the user's choice: kept for both runs
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_PROJECT", "notebook-project")  # also the user's: wins over the recipe's
+    before = {key: os.environ.get(key) for key in TRACKER_ENV}
+    ids = []
+    for name in ("first", "second"):
+        raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=1, report_to="wandb")
+        raw["tracking"] = {"project": "from-recipe", "name": name}
+        train(load_recipe(raw))
+        run_id = (tmp_path / name / "wandb_run_id").read_text().strip()
+        logged = list((tmp_path / name / "wandb").glob("offline-run-*"))
+        assert [p.name.endswith(f"-{run_id}") for p in logged] == [True], logged  # this run's id, in its folder
+        ids.append(run_id)
+        assert {key: os.environ.get(key) for key in TRACKER_ENV} == before  # nothing of the run stays behind
+    assert ids[0] != ids[1]
+    assert not list((tmp_path / "first" / "wandb").glob(f"*{ids[1]}*"))
