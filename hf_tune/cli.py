@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--max-new-tokens", type=int, default=128)
     v.set_defaults(func=_chat)
 
+    for verb in verbs.choices.values():  # `hf-tune validate R --debug` as well as `hf-tune --debug validate R`
+        verb.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the traceback of errors")
     args = p.parse_args(argv)
     with user_errors(args.debug):
         args.func(args)

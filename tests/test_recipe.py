@@ -155,6 +155,18 @@ def test_cli_validate_prints_resolved_recipe_and_bad_recipe_exits_nonzero_withou
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
+def test_debug_after_the_verb_shows_the_traceback_too(tmp_path, capsys):
+    from hf_tune.cli import main
+    from hf_tune.errors import RecipeError
+
+    bad = write_recipe(tmp_path / "bad.yaml", with_(["training.learnin_rate=1e-4"]))
+    with pytest.raises(RecipeError):  # raised, not printed: the traceback is shown
+        main(["validate", str(bad), "--debug"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(bad)])
+    assert exit_info.value.code == 2 and "training.learnin_rate" in capsys.readouterr().err
+
+
 def test_offline_hub_id_is_refused_at_load_with_how_to_use_a_local_copy(monkeypatch):
     from hf_tune import hub
 
