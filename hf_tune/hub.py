@@ -3,29 +3,44 @@
 from __future__ import annotations
 
 import functools
-import socket
+import json
+import logging
+import tempfile
 from pathlib import Path
-from urllib.parse import urlparse
 
 from huggingface_hub import constants
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
 def hub_is_reachable(timeout: float = 3.0) -> bool:
-    """One quick TCP probe of the Hub endpoint (``HF_ENDPOINT``). Without it, every offline ``from_pretrained`` of a
+    """One quick request to the Hub endpoint (``HF_ENDPOINT``) through huggingface_hub's own HTTP session, so proxies
+    (``HTTPS_PROXY``, ``NO_PROXY``) apply as they do to downloads. Without it, every offline ``from_pretrained`` of a
     Hub id spends ~25 s in retries before failing or falling back to the cache."""
-    if constants.HF_HUB_OFFLINE:
+    from huggingface_hub import get_session
+
+    if constants.is_offline_mode():
         return False
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
-        return True
-    except OSError:
+        status = get_session().head(constants.ENDPOINT, timeout=timeout).status_code
+    except Exception as err:  # no answer (DNS, refused, proxy, timeout, TLS): offline for this process
+        logger.debug("The Hub (%s) did not answer: %s", constants.ENDPOINT, err)
         return False
+    return status < 500  # 5xx: a proxy that cannot reach the Hub, or the Hub itself down
 
 
-UPLOAD_IGNORE = ["checkpoint-*", "checkpoint-*/**", "merged/**", "training_args.bin", "*.pt", "*.pth", "*.lock"]
+# What a push uploads, by name: an allow-list, so that a file that Trainer or a tracker adds to the run folder stays
+# private until it is named here. Weights and tokenizer come from the run folder (or RUN_DIR/merged), the rest from
+# the run folder; README.md and adapter_config.json are written for the upload, never into the run folder.
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_config.json", "config.json", "generation_config.json",
+                "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
+                   "chat_template.json", "additional_chat_templates/*.jinja")
+RESULT_FILES = ("recipe.yaml", "train_results.json", "eval_results.json", "all_results.json")
+MANIFEST_FILES = ("run.json", "trainer_state.json", "*.png")  # only with include_manifest: host, command line, env
+TRACKER_LOGS = ("wandb", "mlruns", "runs")  # only with include_logs: report_to wandb, mlflow, tensorboard
 MERGE_CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}  # max |Δ logit| / max |logit|
 
 
@@ -90,10 +105,13 @@ def _sample_inputs(tokenizer, causal: bool):
 
 
 def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool = False,
-         revision: str | None = None, token: str | None = None) -> str:
-    """Create the repo if needed and upload the adapter (or, with ``merged``, the merged model), tokenizer, a
-    README.md model card and the redacted recipe. Returns the commit URL. A failure leaves the run folder intact."""
-    from huggingface_hub import HfApi, get_token
+         revision: str | None = None, token: str | None = None, base_model: str | None = None,
+         include_manifest: bool = False, include_logs: bool = False) -> str:
+    """Create the repo if needed and upload what a model repo needs (see ``upload_plan``): the adapter (or, with
+    ``merged``, the merged model), tokenizer, a README.md model card, the redacted recipe and the results. The uploaded
+    adapter_config.json names the base by its Hub id (``base_model`` for a run trained on a local folder). The run
+    folder is only read: a merge it lacks is made in a temporary folder. Returns the commit URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi, get_token
 
     from hf_tune.errors import HfTuneError
     from hf_tune.model_card import render_model_card
@@ -104,22 +122,82 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
     token = token or get_token()
     if not token:
         raise HfTuneError("no Hugging Face token: export HF_TOKEN=... (or `hf auth login`), then run the push again")
-    folder = run_dir
-    if merged:
-        folder = run_dir / "merged"
-        if not (folder / "config.json").is_file():
-            merge(run_dir, folder)
-    render_model_card(run_dir, repo_id, merged=merged).save(folder / "README.md")
-    retry = f"hf-tune push {run_dir} --repo-id {repo_id}" + (" --merged" if merged else "") + \
-        (" --private" if private else "") + (f" --revision {revision}" if revision else "")
-    api = HfApi(token=token)
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        if revision:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        commit = api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision,
-                                   ignore_patterns=UPLOAD_IGNORE, commit_message="Upload with hf_tune")
-    except Exception as err:  # network, auth, quota: the run itself is safe on disk
-        raise HfTuneError(f"upload to {repo_id} failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"
-                          f"  the run folder {run_dir} is intact; retry with: {retry}") from None
+    adapter = not merged and (run_dir / "adapter_config.json").is_file()
+    base, base_revision = pushed_base(run_dir, base_model, adapter)
+    flags = {"--merged": merged, "--private": private, f"--revision {revision}": revision,
+             f"--base-model {base_model}": base_model, "--include-manifest": include_manifest,
+             "--include-logs": include_logs}
+    retry = " ".join([f"hf-tune push {run_dir} --repo-id {repo_id}", *(flag for flag, given in flags.items() if given)])
+    with tempfile.TemporaryDirectory(prefix="hf_tune-push-") as staging:
+        weights_dir = run_dir / "merged" if merged else run_dir
+        if merged and not (weights_dir / "config.json").is_file():
+            weights_dir = Path(merge(run_dir, Path(staging) / "merged")["merged_dir"])
+        written = {"README.md": str(render_model_card(run_dir, repo_id, merged=merged, base_model=base_model)).encode()}
+        if adapter:
+            config = json.loads((run_dir / "adapter_config.json").read_text())
+            config.update(base_model_name_or_path=base, revision=base_revision)
+            written["adapter_config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+        files = {**upload_plan(run_dir, weights_dir, include_manifest, include_logs), **written}
+        operations = [CommitOperationAdd(path, content) for path, content in sorted(files.items())]
+        api = HfApi(token=token)
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            if revision:
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            commit = api.create_commit(repo_id, operations, revision=revision, commit_message="Upload with hf_tune")
+        except Exception as err:  # network, auth, quota: the run itself is safe on disk
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            raise HfTuneError(f"upload to {repo_id} failed: {type(err).__name__}: {first_line}\n"
+                              f"  the run folder {run_dir} is unchanged; retry with: {retry}") from None
     return commit.commit_url
+
+
+def upload_plan(run_dir: Path, weights_dir: Path, include_manifest: bool = False,
+                include_logs: bool = False) -> dict[str, Path]:
+    """{path in the repo: file} of what a push uploads: weights and tokenizer from ``weights_dir``, the redacted
+    recipe and results from ``run_dir``, and the manifest or the tracker logs only when asked for. Never the
+    checkpoints, training_args.bin (a pickle) or anything not named in the lists above."""
+    plan: dict[str, Path] = {}
+
+    def add(folder: Path, patterns, links: bool = True) -> None:
+        for pattern in patterns:
+            for path in sorted(folder.glob(pattern)):
+                parts = path.relative_to(folder).parts
+                linked = any(folder.joinpath(*parts[:i]).is_symlink() for i in range(1, len(parts) + 1))
+                if path.is_file() and (links or not linked):
+                    plan["/".join(parts)] = path
+
+    add(weights_dir, WEIGHT_FILES + TOKENIZER_FILES)
+    add(run_dir, RESULT_FILES)
+    if include_manifest:
+        add(run_dir, MANIFEST_FILES)
+    if include_logs:  # W&B links latest-run and debug.log to files it already holds: each is uploaded once
+        add(run_dir, [f"{name}/**/*" for name in TRACKER_LOGS], links=False)
+    return plan
+
+
+def pushed_base(run_dir: Path, base_model: str | None, adapter: bool) -> tuple[str | None, str | None]:
+    """(Hub id, revision) of the base model that the upload names: ``base_model`` if given, else the recipe's Hub id
+    (an embedded model's is the Hub id its weights came from). An adapter whose base others cannot load is refused."""
+    import yaml
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from hf_tune.errors import HfTuneError
+    from hf_tune.model_card import base_model_id
+
+    if base_model:
+        try:
+            validate_repo_id(base_model)
+        except HFValidationError:
+            raise HfTuneError(f"--base-model: {base_model!r} is not a Hub id\n  fix: name the base model as ORG/NAME, "
+                              "the Hub id that others load it by") from None
+        return base_model, None
+    model = yaml.safe_load((run_dir / "recipe.yaml").read_text())["model"]
+    name = model["pretrained_model_name_or_path"]
+    base = base_model_id(name)
+    if adapter and (base is None or model.get("gguf_file")):
+        what = f"the GGUF file {model['gguf_file']} in {name}" if base else f"the local folder {name}"
+        raise HfTuneError(f"{run_dir}: the adapter's base model is {what}, which others cannot load with the adapter "
+                          "alone\n  fix: push the merged model with --merged, or name the base model's Hub id with "
+                          "--base-model ORG/NAME")
+    return base, None if name.startswith("embedded:") else model.get("revision")

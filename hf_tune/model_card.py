@@ -10,19 +10,24 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from hf_tune.embedded import EMBEDDED_MODELS, PREFIX
+from hf_tune.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
 from hf_tune.recipe.loading import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path, redact_secrets
 
 VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
+HUB = "https://huggingface.co"
 PIPELINE_TAGS = {"causal_lm": "text-generation", "sequence_classification": "text-classification"}
 
 
 def base_model_id(name: str) -> str | None:
     """The Hub id of the base model, where there is one (embedded models map to theirs; local folders have none)."""
     if name.startswith(PREFIX):
-        wanted = name.removeprefix(PREFIX).lower()
-        return next((m.hub_id for key, m in EMBEDDED_MODELS.items() if key.lower() == wanted), None)
+        return spec.hub_id if (spec := _embedded(name)) else None
     return None if looks_like_local_path(name) else name
+
+
+def _embedded(name: str) -> EmbeddedModel | None:
+    wanted = name.removeprefix(PREFIX).lower()
+    return next((m for key, m in EMBEDDED_MODELS.items() if key.lower() == wanted), None)
 
 
 def _hub_datasets(data: dict) -> list[str]:
@@ -31,13 +36,15 @@ def _hub_datasets(data: dict) -> list[str]:
                    and Path(s["path"]).suffix not in LOCAL_DATA_SUFFIXES and not looks_like_local_path(s["path"])})
 
 
-def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False) -> ModelCard:
+def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
+                      base_model: str | None = None) -> ModelCard:
+    """The card of a push. ``base_model`` is the Hub id named at push time for a run trained on a local folder."""
     run_dir = Path(run_dir)
     recipe = redact_secrets(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
     model, training, data = recipe["model"], recipe.get("training", {}), recipe.get("data", {})
     lora = recipe.get("lora") is not None and not merged
     task = model.get("task", "causal_lm")
-    base = base_model_id(model["pretrained_model_name_or_path"])
+    base = base_model or base_model_id(model["pretrained_model_name_or_path"])
     metrics = {}
     for name in ("train_results.json", "eval_results.json"):
         if (run_dir / name).is_file():
@@ -55,9 +62,10 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False) -
     train_source = data.get("train", {}).get("path", "?")
     body = [
         f"# {repo_id.split('/')[-1]}", "",
-        f"{'A LoRA adapter for' if lora else 'A fine-tune of'} `{base or model['pretrained_model_name_or_path']}`"
+        f"{'A LoRA adapter for' if lora else 'A fine-tune of'} {f'`{base}`' if base else 'a local base model'}"
         f"{' (merged into the base weights)' if merged else ''}, trained with "
         f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.replace('_', ' ')}.", "",
+        *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora, repo_id=repo_id),
         "## Training data", "",
         f"`{train_source}` in the `{data.get('format', 'chat')}` format, up to {data.get('max_length')} tokens per example"
         + (f"; evaluation on `{data['eval']['path']}`." if data.get("eval") else
@@ -73,6 +81,36 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False) -
         "## Framework versions", "", *[f"- {name} {_version(name)}" for name in VERSIONS], "",
     ]
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(body))
+
+
+def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: str) -> list[str]:
+    """Which weights the run trained on, where the card's base model alone does not say it."""
+    if given:
+        return ["## Base model", "", f"`{base}` was named as the base model when the run was pushed (`--base-model`); "
+                "hf_tune could not check that it holds the weights the run trained on.", ""]
+    spec = _embedded(name) if name.startswith(PREFIX) else None
+    if spec is None:
+        return []
+    package = f"the PyPI package `{spec.distribution}` {_version(spec.distribution)}"
+    if not spec.gguf_file:
+        return ["## Base model", "", f"Trained on the copy of `{base}` shipped in {package}.", ""]
+    lines = ["## Base model", "",
+             f"Trained on the weights shipped in {package}: the GGUF file `{spec.gguf_file}` (sha256 "
+             f"`{spec.gguf_sha256}`), quantized {spec.gguf_quantization}, dequantized to float32 by transformers "
+             f"before training. The package's description links this file to "
+             f"[`{spec.gguf_repo}`]({HUB}/{spec.gguf_repo}/blob/{spec.gguf_revision}/{spec.gguf_file}) at revision "
+             f"`{spec.gguf_revision}`, a quantization of `{base}`.", ""]
+    if lora:
+        lines += [f"The adapter names `{base}` as its base, so `from_pretrained` below applies it to the Hub's "
+                  f"full-precision weights, not to the {spec.gguf_quantization.split()[0]}-dequantized weights it was "
+                  "trained against. The logit difference between the two bases was not measured. To apply it to the "
+                  "exact training weights:", "",
+                  "```python", f"from hf_tune.embedded import embedded_model_path  # pip install hf_tune; "
+                  f"pip install --no-deps {spec.distribution}", "from peft import PeftModel",
+                  "from transformers import AutoModelForCausalLM", "",
+                  f"base = AutoModelForCausalLM.from_pretrained(embedded_model_path({name!r}))",
+                  f"model = PeftModel.from_pretrained(base, {repo_id!r})", "```", ""]
+    return lines
 
 
 def _usage(repo_id: str, lora: bool, task: str) -> list[str]:

@@ -4,13 +4,16 @@ store in the run folder."""
 
 from __future__ import annotations
 
+import configparser
 import contextlib
+import functools
 import logging
+import netrc
 import os
-import socket
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from transformers import TrainerCallback
 
@@ -25,19 +28,54 @@ def report_targets(recipe: Recipe) -> list[str]:
     return [] if targets in (["none"], []) else targets
 
 
+WANDB_CLOUD = "https://api.wandb.ai"
+
+
 def wandb_can_sync(timeout: float = 3.0) -> tuple[bool, str]:
-    if not (os.environ.get("WANDB_API_KEY") or _netrc_has("api.wandb.ai")):
-        return False, "no W&B API key"
+    """(can a W&B run log online, why not): the W&B server the run would log to (``wandb_base_url``) has an API key
+    here and answers a request made as W&B's own client makes it, through the environment's proxies.
+    ``WANDB_MODE=offline`` or ``disabled`` decides without asking."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode in ("offline", "disabled", "dryrun"):
+        return False, f"WANDB_MODE={mode}"
+    url = wandb_base_url()
+    if not (os.environ.get("WANDB_API_KEY") or _netrc_has(urlsplit(url).netloc)):
+        return False, f"no W&B API key for {url} (WANDB_API_KEY, or `wandb login --host {url}`)"
+    if not server_answers(url, timeout):
+        return False, f"the W&B server {url} does not answer"
+    return True, ""
+
+
+def wandb_base_url() -> str:
+    """The W&B server runs log to, found where W&B looks: ``WANDB_BASE_URL``, then the ``base_url`` that
+    `wandb login --host` saved in W&B's settings file, then the public cloud."""
+    if url := os.environ.get("WANDB_BASE_URL"):
+        return url.rstrip("/")
+    settings = configparser.ConfigParser()
+    settings.read(Path(os.environ.get("WANDB_CONFIG_DIR", Path.home() / ".config" / "wandb")) / "settings")
+    return settings.get("default", "base_url", fallback=WANDB_CLOUD).rstrip("/")
+
+
+@functools.cache
+def server_answers(url: str, timeout: float = 3.0) -> bool:
+    """One HEAD request with `requests`, the HTTP library of W&B's Python client: it honours ``HTTPS_PROXY``,
+    ``HTTP_PROXY`` and ``NO_PROXY``. Cached per URL, so the runs of a search or a cv do not each wait on a server
+    that is down. A 5xx (a proxy that cannot reach the server, or the server itself failing) counts as no answer."""
+    import requests
+
     try:
-        socket.create_connection(("api.wandb.ai", 443), timeout=timeout).close()
-        return True, ""
-    except OSError:
-        return False, "W&B is unreachable"
+        return requests.head(url, timeout=timeout, allow_redirects=True).status_code < 500
+    except requests.RequestException:
+        return False
 
 
 def _netrc_has(host: str) -> bool:
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and host in netrc.read_text(errors="ignore")
+    """Whether the netrc file (``NETRC``, else ~/.netrc) holds a password for ``host`` (host[:port], as W&B keys it)."""
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc")).expanduser()
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 TRACKER_ENV = ("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "WANDB_DIR", "WANDB_RUN_ID",
