@@ -11,6 +11,22 @@ def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
+def training_state(run_dir: Path) -> Path:
+    """``trainer_state.json`` of a finished run, or of the newest complete checkpoint of a run in progress."""
+    from hf_tune.checkpoints import last_complete_checkpoint
+
+    state = run_dir / "trainer_state.json"
+    if state.is_file():
+        return state
+    checkpoint = last_complete_checkpoint(run_dir)
+    if checkpoint is None or not (checkpoint / "trainer_state.json").is_file():
+        from hf_tune.errors import HfTuneError
+
+        raise HfTuneError(f"{run_dir}: no trainer_state.json, and no complete checkpoint yet\n  fix: pass the "
+                          "output_dir of a run (a run in progress is reported from its newest checkpoint)")
+    return checkpoint / "trainer_state.json"
+
+
 def write_report(run_dir: str | Path) -> list[Path]:
     """loss.png (train and eval loss), lr.png (Trainer's LR, lowest and highest group), eval_metrics.png (other eval
     metrics), when the history has them. Returns the files written."""
@@ -20,12 +36,7 @@ def write_report(run_dir: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    state = run_dir / "trainer_state.json"
-    if not state.is_file():
-        from hf_tune.errors import HfTuneError
-
-        raise HfTuneError(f"{run_dir}: no trainer_state.json\n  fix: pass the output_dir of a run (or a checkpoint)")
-    history = json.loads(state.read_text())["log_history"]
+    history = json.loads(training_state(run_dir).read_text())["log_history"]
     eval_keys = sorted({k for e in history for k in e if k.startswith("eval_") and k not in (
         "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")})
     figures = {

@@ -217,6 +217,20 @@ def test_training_report_plots(tmp_path, tiny_llama_dir):
     assert result.returncode == 0 and "loss.png" in result.stdout
 
 
+def test_report_of_a_run_in_progress_draws_from_its_newest_complete_checkpoint(tmp_path, tiny_llama_dir):
+    from hf_tune.report import write_report
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
+    train(load_recipe(raw))
+    run = tmp_path / "run"
+    for name in ("trainer_state.json", "loss.png", "lr.png", "run.json"):  # as it is before the run ends
+        (run / name).unlink()
+    (run / "checkpoint-4" / MARKER).unlink()  # the newest checkpoint is cut off mid-save: checkpoint-2 is read
+    written = write_report(run)
+    assert run / "loss.png" in written and (run / "loss.png").stat().st_size > 5_000
+    assert not list((run / "checkpoint-2").glob("*.png"))  # the plots land in the run folder, not the checkpoint
+
+
 @pytest.mark.slow
 def test_wandb_offline_without_key_keeps_one_run_id_across_resume_and_tensorboard_writes(tmp_path, tiny_llama_dir):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
