@@ -66,7 +66,8 @@ def _merge(args) -> None:
 def _push(args) -> None:
     from hf_tune.hub import push
 
-    url = push(args.run_dir, args.repo_id, merged=args.merged, private=args.private, revision=args.revision)
+    url = push(args.run_dir, args.repo_id, merged=args.merged, private=args.private, revision=args.revision,
+               base_model=args.base_model, include_manifest=args.include_manifest, include_logs=args.include_logs)
     print(f"pushed: {url}")
 
 
@@ -140,6 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--merged", action="store_true", help="push the merged model instead of the adapter")
     v.add_argument("--private", action="store_true")
     v.add_argument("--revision", default=None, help="a branch (created if needed)")
+    v.add_argument("--base-model", default=None, metavar="ORG/NAME",
+                   help="the base model's Hub id, for an adapter trained on a local folder")
+    v.add_argument("--include-manifest", action="store_true",
+                   help="also upload run.json (host name, command line, environment), trainer_state.json and plots")
+    v.add_argument("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)")
     v.set_defaults(func=_push)
 
     v = verbs.add_parser("chat", help="talk to a trained run (adapter or full model)")

@@ -186,6 +186,18 @@ def test_a_failed_upload_says_how_to_retry_and_leaves_the_run_byte_identical(smo
     assert digest(smol_run) == before
 
 
+def test_the_cli_names_the_base_and_asks_for_the_manifest(lora_run):
+    with FakeHub() as hub:
+        refused = hf_tune_cli("push", str(lora_run), "--repo-id", "alice/x", endpoint=hub.url)
+        pushed = hf_tune_cli("push", str(lora_run), "--repo-id", "alice/x", "--base-model", "alice/tiny-base",
+                             "--include-manifest", endpoint=hub.url)
+    assert refused.returncode == 2 and "--base-model ORG/NAME" in refused.stderr and "Traceback" not in refused.stderr
+    assert pushed.returncode == 0, pushed.stderr[-2000:]
+    files = hub.commits[0]["files"]
+    assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "alice/tiny-base"
+    assert "run.json" in files
+
+
 def test_push_without_a_token_fails_before_any_request(lora_run):
     with FakeHub() as hub:
         result = hf_tune_cli("push", str(lora_run), "--repo-id", "alice/x", endpoint=hub.url, token=None)
