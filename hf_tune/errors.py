@@ -1,6 +1,15 @@
-"""The one error type users see: it names the recipe key and the fix, and the CLI prints it without a traceback."""
+"""The one error type users see: it names the recipe key and the fix, and the CLI prints it without a traceback.
+
+The rule, in one place: every exception raised while building from a recipe either is an ``HfTuneError`` naming the
+recipe key, or is turned into one by ``stage_errors`` at the boundary of the stage that raised it (data loading,
+tokenization, model building, PEFT wrapping). The original type and first line stay in the message, and the
+original exception is chained (``raise ... from err``), so ``--debug`` still shows its traceback.
+"""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 
 class HfTuneError(Exception):
@@ -19,3 +28,27 @@ class RecipeError(HfTuneError):
 
     def __reduce__(self):  # rebuilt from its parts: it crosses processes (raised on every rank, see distributed.py)
         return type(self), (self.key, self.problem, self.fix)
+
+
+def describe_exception(err: BaseException) -> str:
+    """``Type: first line`` of an exception, followed by its cause's when it has one (library errors often wrap
+    the informative one: datasets' "An error occurred while generating the dataset" wraps Arrow's parse error)."""
+    def one(e: BaseException) -> str:
+        lines = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+    cause = err.__cause__
+    return f"{one(err)} (caused by {one(cause)})" if cause is not None else one(err)
+
+
+@contextlib.contextmanager
+def stage_errors(key: str | Callable[[str], str], stage: str, fix: str | None = None) -> Iterator[None]:
+    """Inside, an exception that is not an HfTuneError becomes a RecipeError naming ``key`` (or the key that
+    ``key(message)`` picks from the error's message): "<key>: <stage> failed: <Type>: <first line>"."""
+    try:
+        yield
+    except HfTuneError:
+        raise
+    except Exception as err:
+        name = key(str(err)) if callable(key) else key
+        raise RecipeError(name, f"{stage} failed: {describe_exception(err)}", fix) from err

@@ -9,9 +9,10 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from hf_tune.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
-from hf_tune.errors import RecipeError
+from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.hub import hub_is_reachable
 from hf_tune.recipe.loading import OFFLINE_MODEL_FIX, Recipe
+from hf_tune.recipe.upstream import blame_key
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,17 @@ def resolve_model_path(name: str) -> str:
 def build_tokenizer(recipe: Recipe):
     m = recipe.model
     path = resolve_model_path(m.pretrained_model_name_or_path)
-    tokenizer = _from_pretrained(AutoTokenizer, path, recipe, revision=m.revision, gguf_file=m.gguf_file,
-                                 trust_remote_code=m.trust_remote_code)
+    with stage_errors(_blame_model_key(recipe), "loading the tokenizer"):
+        tokenizer = _from_pretrained(AutoTokenizer, path, recipe, revision=m.revision, gguf_file=m.gguf_file,
+                                     trust_remote_code=m.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # labels come from the assistant mask, so eos is still trained
     if recipe.data.chat_template:
         template = recipe.data.chat_template
-        tokenizer.chat_template = template if "{" in template else Path(template).read_text()
+        with stage_errors("data.chat_template", "reading the chat template"):
+            tokenizer.chat_template = template if "{" in template else Path(template).read_text()
+            # a template that does not render fails here, not in the middle of tokenization
+            tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
     return tokenizer
 
 
@@ -53,25 +58,59 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
                               f"({labels[:10]})", fix="remove model.num_labels: it is read from the data")
         kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
                       label2id={name: i for i, name in enumerate(labels)})
-    model = _from_pretrained(MODEL_CLASSES[m.task], path, recipe, **{k: v for k, v in kwargs.items() if v is not None})
-    drop_gguf_quantizer(model)
-    if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
-            and default_attn_implementation(m.task, type(model)) == SDPA_VARLEN):
-        model.set_attn_implementation(SDPA_VARLEN)  # transformers' SDPA, but flattened examples attend apart
+    with stage_errors(_blame_model_key(recipe), "building the model"):
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        model = _from_pretrained(MODEL_CLASSES[m.task], path, recipe, **given)
+        drop_gguf_quantizer(model)
+        if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
+                and default_attn_implementation(m.task, type(model)) == SDPA_VARLEN):
+            model.set_attn_implementation(SDPA_VARLEN)  # transformers' SDPA, but flattened examples attend apart
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    if recipe.lora is not None:
-        from peft import LoraConfig, get_peft_model
+    return model if recipe.lora is None else wrap_lora(model, recipe)
 
-        if recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"):
-            model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
-        model = get_peft_model(model, LoraConfig(task_type=PEFT_TASK_TYPES[m.task], **recipe.lora))
-        if m.fast_lora_dropout:
-            from hf_tune.dropout import use_fast_lora_dropout
 
-            swapped = use_fast_lora_dropout(model)
-            logger.info("LoRA dropout: hf_tune.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
+def wrap_lora(model, recipe: Recipe):
+    """The model wrapped by PEFT with the recipe's ``lora`` section. PEFT's errors name the ``lora`` key; a
+    ``target_modules`` that matches nothing lists the model's linear modules to choose from."""
+    from peft import LoraConfig, get_peft_model
+
+    if recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"):
+        model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
+    with stage_errors(lambda message: blame_key("lora", recipe.lora, message), "wrapping the model with PEFT"):
+        try:
+            model = get_peft_model(model, LoraConfig(task_type=PEFT_TASK_TYPES[recipe.model.task], **recipe.lora))
+        except ValueError as err:
+            if not _matches_no_module(err):
+                raise
+            names = linear_module_names(model)
+            raise RecipeError("lora.target_modules", f"{recipe.lora.get('target_modules')!r} matches no module of "
+                              f"the model; its linear modules are: {', '.join(names)}", fix=f"name some of them "
+                              f"(e.g. lora.target_modules=[{', '.join(names[:2])}]), or all-linear") from err
+    if recipe.model.fast_lora_dropout:
+        from hf_tune.dropout import use_fast_lora_dropout
+
+        swapped = use_fast_lora_dropout(model)
+        logger.info("LoRA dropout: hf_tune.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
     return model
+
+
+def linear_module_names(model) -> list[str]:
+    """Short names (the last part of the dotted path) of the model's linear layers, each once, sorted."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, (torch.nn.Linear, Conv1D))})
+
+
+def _matches_no_module(err: BaseException | None) -> bool:
+    """PEFT's "no target module found": NoMatchingPeftModuleError in recent PEFT, a plain ValueError before."""
+    import peft
+
+    no_match = getattr(peft, "NoMatchingPeftModuleError", None)
+    return (no_match is not None and isinstance(err, no_match)) or (
+        isinstance(err, ValueError) and "not found in the base model" in str(err))
 
 
 def model_class(recipe: Recipe, model=None) -> type:
@@ -92,6 +131,17 @@ def build_model_and_tokenizer(recipe: Recipe):
     return build_model(recipe, tokenizer), tokenizer
 
 
+def _blame_model_key(recipe: Recipe):
+    """The ``model`` key an error message is about: ``gguf_file`` when it names the file, else as blame_key finds."""
+    m = recipe.model
+
+    def blame(message: str) -> str:
+        if m.gguf_file and m.gguf_file in message:
+            return "model.gguf_file"
+        return blame_key("model", m.model_dump(exclude_none=True), message)
+    return blame
+
+
 def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
     if not Path(path).expanduser().is_dir() and not hub_is_reachable():
         logger.info("The Hub is unreachable: loading %s from the local cache only", path)
@@ -100,8 +150,8 @@ def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
         return cls.from_pretrained(path, **kwargs)
     except OSError as err:
         name = recipe.model.pretrained_model_name_or_path
-        raise RecipeError(
-            "model.pretrained_model_name_or_path",
-            f"cannot load {name!r}: {str(err).splitlines()[0]}",
-            fix=OFFLINE_MODEL_FIX,
-        ) from None
+        if recipe.model.gguf_file and recipe.model.gguf_file in str(err):
+            raise RecipeError("model.gguf_file", f"cannot load {name!r}: {str(err).splitlines()[0]}",
+                              fix="name a .gguf file that the folder or Hub repository holds") from err
+        raise RecipeError("model.pretrained_model_name_or_path", f"cannot load {name!r}: {str(err).splitlines()[0]}",
+                          fix=OFFLINE_MODEL_FIX) from err

@@ -23,13 +23,16 @@ def parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def user_errors(debug: bool):
-    """Print an HfTuneError as one message and exit 2; ``--debug`` shows the traceback instead."""
+    """Print an HfTuneError as one message and exit 2; ``--debug`` shows the traceback instead, down to the library
+    error it wraps (a stage wraps what it raised with ``raise ... from err``: see hf_tune.errors)."""
     try:
         yield
     except HfTuneError as err:
         if debug:
             raise
         print(f"hf_tune: error: {err}", file=sys.stderr)
+        if err.__cause__ is not None:
+            print("  (--debug shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -47,4 +47,4 @@ def build_training_arguments(recipe: Recipe) -> TrainingArguments:
     try:
         return TrainingArguments(**kwargs)
     except (ValueError, TypeError, ImportError) as err:
-        raise RecipeError(blame_key("training", recipe.training, str(err)), f"TrainingArguments refused it: {err}") from None
+        raise RecipeError(blame_key("training", recipe.training, str(err)), f"TrainingArguments refused it: {err}") from err

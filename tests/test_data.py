@@ -6,11 +6,12 @@ import json
 import logging
 
 import pytest
+from conftest import DATA
 
-from hf_tune.data.loading import load_raw_datasets
+from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset, tokenize_example, tokenizer_fingerprint
 from hf_tune.errors import HfTuneError
-from hf_tune.recipe.schema import DataSection
+from hf_tune.recipe.schema import DataSection, DatasetSource
 
 SMOL_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 CONVERSATION = [
@@ -86,9 +87,19 @@ def test_plain_prompt_completion_trains_completion_and_eos(smol_tokenizer):
     assert labels == [IGNORE_INDEX] * len(prompt) + completion
 
 
-def test_conversational_prompt_completion_uses_the_chat_template(smol_tokenizer):
-    example = {"prompt": CONVERSATION[:3], "completion": [CONVERSATION[3]]}
-    assert tokenize(smol_tokenizer, example, "prompt_completion") == chatml_reference(smol_tokenizer, CONVERSATION)
+@pytest.mark.parametrize("completion", [[CONVERSATION[3]], CONVERSATION[3]["content"]], ids=["messages", "string"])
+def test_conversational_prompt_completion_trains_the_completion_only(smol_tokenizer, completion):
+    """As TRL's completion-only loss: everything up to the prompt rendered with the generation prompt is context,
+    the assistant turn inside the prompt included; the completion and its end-of-turn token are trained."""
+    ids, labels = tokenize(smol_tokenizer, {"prompt": CONVERSATION[:3], "completion": completion}, "prompt_completion")
+    reference_ids, _ = chatml_reference(smol_tokenizer, CONVERSATION)
+    prompt = smol_tokenizer.apply_chat_template(CONVERSATION[:3], tokenize=False, add_generation_prompt=True)
+    prompt_ids = smol_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert ids == reference_ids and ids[:len(prompt_ids)] == prompt_ids
+    newline = smol_tokenizer("\n", add_special_tokens=False)["input_ids"]
+    assert ids[-1:] == newline  # the template's newline after the last end-of-turn token: not trained
+    assert labels == [IGNORE_INDEX] * len(prompt_ids) + ids[len(prompt_ids):-1] + [IGNORE_INDEX]
+    assert smol_tokenizer.decode([t for t in labels if t != IGNORE_INDEX]) == "Doubling 5 gives 10.<|im_end|>"
 
 
 def test_text_trains_every_token_and_ends_with_eos(smol_tokenizer):
@@ -124,11 +135,16 @@ def test_examples_without_trainable_tokens_are_dropped_and_counted(tmp_path, smo
         tokenize_dataset(raw, smol_tokenizer, only_long, "data.train")
 
 
-def test_wrong_columns_for_the_format_name_the_fix(tmp_path, smol_tokenizer):
-    data = DataSection(train={"path": str(write_jsonl(tmp_path / "d.jsonl", [{"text": "hi"}]))}, format="chat")
-    raw, _ = load_raw_datasets(data, seed=0)
-    with pytest.raises(HfTuneError, match="data.train: format 'chat' needs"):
-        tokenize_dataset(raw, smol_tokenizer, data, "data.train")
+def test_wrong_columns_for_the_format_name_the_file_and_the_fix(tmp_path, smol_tokenizer):
+    from datasets import Dataset
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "hi"}])
+    data = DataSection(train={"path": str(path)}, format="chat")
+    with pytest.raises(HfTuneError, match=rf"data.train: format 'chat' needs .*; {path} has \['text'\]\n  fix: set "
+                                          "data.format"):
+        load_raw_datasets(data, seed=0)
+    with pytest.raises(HfTuneError, match="data.train: format 'chat' needs"):  # a dataset made in a notebook
+        tokenize_dataset(Dataset.from_list([{"text": "hi"}]), smol_tokenizer, data, "data.train")
 
 
 def test_eval_split_is_a_seeded_fraction(tmp_path):
@@ -186,3 +202,52 @@ def test_a_recipe_chat_template_is_used_when_the_tokenizer_has_none(tmp_path, ti
     assert tokenizer.chat_template == template.read_text()
     row = tokenize_example({"messages": CONVERSATION}, tokenizer, "chat", 1024)
     assert (row["input_ids"], row["labels"]) == chatml_reference(smol_tokenizer, CONVERSATION)
+
+
+@pytest.mark.parametrize("training, seed", [({"seed": 42, "data_seed": 0}, 0), ({"seed": 7}, 7), ({}, 42)],
+                         ids=["data_seed_0", "seed_only", "neither"])
+def test_data_seed_is_training_data_seed_zero_included_else_seed(tmp_path, tiny_llama_dir, smol_tokenizer, training,
+                                                                  seed):
+    """As Trainer's samplers: ``data_seed`` when set (0 is a seed, not "unset"), else ``seed`` (default 42). The
+    held-out eval examples are the ones datasets' own seeded split picks."""
+    from datasets import Dataset
+
+    from hf_tune.data import build_datasets, data_seed
+    from hf_tune.recipe import load_recipe
+
+    rows = [{"text": f"example number {i}"} for i in range(40)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    recipe = load_recipe({"model": {"pretrained_model_name_or_path": tiny_llama_dir},
+                          "data": {"format": "text", "train": {"path": str(path)}, "eval_split": 0.25},
+                          "training": {"output_dir": str(tmp_path / "run"), "report_to": "none", **training}})
+    assert data_seed(recipe) == seed
+    _, evaluation = build_datasets(recipe, smol_tokenizer)
+    held_out = Dataset.from_list(rows).train_test_split(test_size=0.25, seed=seed)["test"]["text"]
+    assert held_out != Dataset.from_list(rows).train_test_split(test_size=0.25, seed=seed + 1)["test"]["text"]
+    assert evaluation["input_ids"] == [smol_tokenizer(t)["input_ids"] + [smol_tokenizer.eos_token_id] for t in held_out]
+
+
+@pytest.mark.parametrize("name, format", [("chat_demo", "chat"), ("sharegpt_demo", "chat"),
+                                          ("alpaca_demo", "instruction"), ("text_demo", "text"),
+                                          ("topics_train", "classification")])
+def test_every_shipped_example_file_fits_its_format(name, format):
+    raw = load_source(DatasetSource(path=str(DATA / f"{name}.jsonl")), "data.train", format)
+    assert len(raw) > 0
+
+
+def test_a_bad_example_is_named_by_its_line_even_after_blank_lines(tmp_path):
+    good = {"messages": CONVERSATION[:2]}
+    path = tmp_path / "d.jsonl"
+    path.write_text(f"{json.dumps(good)}\n\n\n{json.dumps(good)}\n{json.dumps({'messages': [{'role': 'user'}]})}\n")
+    with pytest.raises(HfTuneError, match=rf"data.eval: {path}, line 5 \(example 3 of 3\), column 'messages': turn 1 "
+                                          r"has keys \['role'\], expected 'role' and 'content'"):
+        load_source(DatasetSource(path=str(path)), "data.eval", "chat")
+
+
+def test_chat_rows_may_mix_messages_and_sharegpt_conversations_but_need_one(tmp_path):
+    sharegpt = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": CONVERSATION[:2]}, sharegpt])
+    assert len(load_source(DatasetSource(path=str(path)), "data.train", "chat")) == 2
+    path = write_jsonl(tmp_path / "e.jsonl", [{"messages": CONVERSATION[:2]}, sharegpt, {"messages": None}])
+    with pytest.raises(HfTuneError, match="line 3 .*neither 'messages' nor 'conversations' is set"):
+        load_source(DatasetSource(path=str(path)), "data.train", "chat")

@@ -19,14 +19,16 @@ __all__ = ["IGNORE_INDEX", "build_collator", "build_datasets", "causal_lm_loss",
 
 
 def data_seed(recipe: Recipe) -> int:
-    return recipe.training.get("data_seed") or recipe.training.get("seed", 42)
+    """``training.data_seed`` where set (0 included), else ``training.seed``, as Trainer's own samplers do."""
+    seed = recipe.training.get("data_seed")
+    return seed if seed is not None else recipe.training.get("seed", 42)
 
 
 def dataset_labels(recipe: Recipe) -> list[str] | None:
     """Class names of a classification recipe, read from its training data; None for other formats."""
     if recipe.data.format != "classification":
         return None
-    return label_names(load_source(recipe.data.train, "data.train"))
+    return label_names(load_source(recipe.data.train, "data.train", recipe.data.format))
 
 
 def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str] | None = None) -> Dataset:

@@ -7,7 +7,7 @@ from datasets.fingerprint import Hasher
 
 from hf_tune.data.formats import check_columns
 from hf_tune.data.tokenization import TOKENIZATION_VERSION, tokenizer_fingerprint
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.recipe.schema import DataSection
 
 
@@ -28,8 +28,8 @@ def tokenize_classification(raw: Dataset, tokenizer, data: DataSection, labels: 
     unknown = sorted({str(v) for v in raw.unique("label")} - label2id.keys()) if not isinstance(
         raw.features.get("label"), ClassLabel) else []
     if unknown:
-        raise HfTuneError(f"{key}: labels {unknown[:5]} do not occur in data.train (classes: {labels[:10]})\n"
-                          "  fix: every eval label must be one of the training labels")
+        raise RecipeError(key, f"labels {unknown[:5]} do not occur in data.train (classes: {labels[:10]})",
+                          fix="every eval label must be one of the training labels")
     pair = "text_pair" in raw.column_names
 
     def tokenize_batch(batch):
@@ -40,5 +40,6 @@ def tokenize_classification(raw: Dataset, tokenizer, data: DataSection, labels: 
 
     fingerprint = Hasher.hash([raw._fingerprint, tokenizer_fingerprint(tokenizer), data.max_length, labels,
                                TOKENIZATION_VERSION, "classification"])
-    return raw.map(tokenize_batch, batched=True, remove_columns=raw.column_names, new_fingerprint=fingerprint,
-                   num_proc=data.num_proc, desc=f"Tokenizing {key} (classification)")
+    with stage_errors(key, "tokenizing (format 'classification')"):
+        return raw.map(tokenize_batch, batched=True, remove_columns=raw.column_names, new_fingerprint=fingerprint,
+                       num_proc=data.num_proc, desc=f"Tokenizing {key} (classification)")

@@ -1,38 +1,145 @@
-"""Raw examples from local files or the Hub, through ``datasets.load_dataset``."""
+"""Raw examples from local files or the Hub, through ``datasets.load_dataset``, checked against ``data.format``.
+A file that cannot be read is reported by recipe key, file, line and column, before anything is tokenized."""
 
 from __future__ import annotations
 
+import glob
+import json
+import os
 from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
-from hf_tune.errors import RecipeError
-from hf_tune.recipe.loading import LOCAL_DATA_SUFFIXES
+from hf_tune.data.validation import check_examples
+from hf_tune.errors import RecipeError, describe_exception
+from hf_tune.recipe.loading import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS
 from hf_tune.recipe.schema import DataSection, DatasetSource
 
+_LOAD_FIX = "use a local file (path: data/train.jsonl) or a Hub dataset already in the local cache"
 
-def load_source(source: DatasetSource, key: str) -> Dataset:
-    """``load_dataset(**source)``, where a local .jsonl/.json/.csv/.parquet/.txt ``path`` selects its builder."""
+
+def load_source(source: DatasetSource, key: str, format: str | None = None) -> Dataset:
+    """``load_dataset(**source)``, where a local .jsonl/.json/.csv/.parquet/.txt ``path`` selects its builder. With
+    ``format``, every example is checked against it (``check_examples``)."""
     kwargs = source.model_dump(exclude_none=True)
     path = kwargs.pop("path")
     suffix = Path(path).suffix
     if suffix in LOCAL_DATA_SUFFIXES and Path(path).is_file():
         kwargs["data_files"], path = path, LOCAL_DATA_SUFFIXES[suffix]
+    files = local_files(source)
     try:
-        return load_dataset(path, **kwargs)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
-        raise RecipeError(
-            key, f"load_dataset({path!r}) failed: {str(err).splitlines()[0]}",
-            fix="use a local file (path: data/train.jsonl) or a Hub dataset already in the local cache",
-        ) from None
+        dataset = load_dataset(path, **kwargs)
+    except Exception as err:  # datasets and Arrow raise many types (even a bare StopIteration for an empty file)
+        problem = next((f"{file}: {found}" for file in files if (found := file_problem(file))), None)
+        if problem is None:
+            raise RecipeError(key, f"load_dataset({path!r}) failed: {describe_exception(err)}", fix=_LOAD_FIX) from err
+        raise RecipeError(key, f"{problem}\n  (load_dataset said: {describe_exception(err)})",
+                          fix=f"repair the file, or point {key}.path at another file") from err
+    if format is not None:
+        one_jsonl = len(files) == 1 and files[0].suffix == ".jsonl"
+        check_examples(dataset, format, key, describe_source(source),
+                       line_of=(lambda row: line_of_row(files[0], row)) if one_jsonl else None)
+    return dataset
 
 
 def load_raw_datasets(data: DataSection, seed: int) -> tuple[Dataset, Dataset | None]:
-    """Train and eval examples; ``eval_split`` holds out a seeded fraction of train."""
-    train = load_source(data.train, "data.train")
+    """Train and eval examples, checked against ``data.format``; ``eval_split`` holds out a seeded fraction of
+    train (after the check, so a bad example is named by its place in the file)."""
+    train = load_source(data.train, "data.train", data.format)
     if data.eval is not None:
-        return train, load_source(data.eval, "data.eval")
+        return train, load_source(data.eval, "data.eval", data.format)
     if data.eval_split:
         parts = train.train_test_split(test_size=data.eval_split, seed=seed)
         return parts["train"], parts["test"]
     return train, None
+
+
+def local_files(source: DatasetSource) -> list[Path]:
+    """The local files a source reads: its ``path``, or its ``data_files`` under a packaged builder (json, csv...)."""
+    if Path(source.path).is_file():
+        return [Path(source.path)]
+    if source.path not in PACKAGED_BUILDERS:
+        return []
+    return [Path(f) for p in _patterns(source.data_files) if "://" not in p
+            for f in sorted(glob.glob(os.path.expanduser(p)))]
+
+
+def _patterns(files: str | list | dict | None) -> list[str]:
+    if files is None:
+        return []
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, dict):
+        return [p for group in files.values() for p in _patterns(group)]
+    return list(files)
+
+
+def describe_source(source: DatasetSource) -> str:
+    if Path(source.path).is_file():
+        return source.path
+    if source.path in PACKAGED_BUILDERS:
+        return f"{source.path} files {source.data_files}"
+    return f"dataset {source.path!r} (split {source.split!r})"
+
+
+def file_problem(file: Path) -> str | None:
+    """What makes a local data file unreadable, located to its line and column: empty, not UTF-8 text (a binary
+    file), not Parquet, or a JSON Lines line that is not a JSON object. None when none of these is found."""
+    with open(file, "rb") as f:
+        head = f.read(4)
+    if file.suffix == ".parquet":
+        return None if head == b"PAR1" else "not a Parquet file (no PAR1 magic bytes: a file of another format?)"
+    if file.stat().st_size == 0:
+        return "the file is empty: no examples"
+    json_lines = file.suffix == ".jsonl" or file.suffix == ".json" and not _is_one_json_document(file)
+    blank = True
+    with open(file, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return (f"line {number}, column {err.start + 1}: not UTF-8 text (byte {raw[err.start]:#04x}): "
+                        "a binary file?")
+            blank = blank and not line.strip()
+            if json_lines and line.strip():
+                problem = _json_line_problem(line)
+                if problem:
+                    return f"line {number}, {problem}"
+    if blank:
+        return "the file holds only blank lines: no examples"
+    return _json_document_problem(file) if file.suffix == ".json" and not json_lines else None
+
+
+def _json_line_problem(line: str) -> str | None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as err:
+        return f"column {err.colno}: not valid JSON ({err.msg}); expected one JSON object per line"
+    if not isinstance(value, dict):
+        return f"column 1: expected a JSON object ({{...}}) per line, got a {type(value).__name__}"
+    return None
+
+
+def _json_document_problem(file: Path) -> str | None:
+    try:
+        json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        return f"line {err.lineno}, column {err.colno}: not valid JSON ({err.msg})"
+    return None
+
+
+def _is_one_json_document(file: Path) -> bool:
+    """A .json file holding one document (an array of objects) rather than JSON Lines."""
+    with open(file, "rb") as f:
+        return f.read(4096).lstrip()[:1] == b"["
+
+
+def line_of_row(file: Path, row: int) -> int | None:
+    """The line of a JSON Lines file holding example ``row`` (0-based; blank lines hold none)."""
+    with open(file, "rb") as f:
+        seen = -1
+        for number, line in enumerate(f, 1):
+            seen += bool(line.strip())
+            if seen == row:
+                return number
+    return None

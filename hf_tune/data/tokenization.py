@@ -10,16 +10,19 @@ from datasets import Dataset
 from datasets.fingerprint import Hasher
 
 from hf_tune.data.formats import check_columns, to_messages
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.recipe.schema import DataSection
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-TOKENIZATION_VERSION = "1"  # bump when the token/label rules change: old caches are then never reused
+TOKENIZATION_VERSION = "2"  # bump when the token/label rules change: old caches are then never reused
+# 2: a conversational prompt_completion trains its completion only, not the assistant turns inside its prompt
 
 
-def assistant_char_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """Render the conversation; return its text and the character spans of each assistant turn.
+def assistant_char_spans(tokenizer, messages: list[dict[str, str]],
+                         prompt_turns: int = 0) -> tuple[str, list[tuple[int, int]]]:
+    """Render the conversation; return its text and the character spans of each assistant turn after the first
+    ``prompt_turns`` messages (a prompt's own assistant turns are context, not trained).
 
     A span runs from where the assistant's content starts (the end of the prompt rendered with the generation
     prompt) to the end of that turn's rendering, trailing whitespace removed, so it ends on the end-of-turn token.
@@ -30,20 +33,19 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str
     text = render(messages)
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or i < prompt_turns:
             continue
         before, through = render(messages[:i], generation_prompt=True), render(messages[: i + 1])
         if not (text.startswith(before) and text.startswith(through) and len(through.rstrip()) > len(before)):
-            raise HfTuneError(
-                "data.chat_template: the chat template does not render a conversation as the sum of its turns "
-                "(it rewrites earlier turns), so assistant tokens cannot be located\n"
-                "  fix: set data.chat_template to a template that renders each turn independently")
+            raise RecipeError("data.chat_template", "the chat template does not render a conversation as the sum "
+                              "of its turns (it rewrites earlier turns), so assistant tokens cannot be located",
+                              fix="set data.chat_template to a template that renders each turn independently")
         spans.append((len(before), len(through.rstrip())))
     return text, spans
 
 
-def tokenize_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    text, spans = assistant_char_spans(tokenizer, messages)
+def tokenize_chat(tokenizer, messages: list[dict[str, str]], prompt_turns: int = 0) -> tuple[list[int], list[int]]:
+    text, spans = assistant_char_spans(tokenizer, messages, prompt_turns)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     starts = [start for start, _ in spans]
     labels = []
@@ -61,9 +63,9 @@ def tokenize_pair(tokenizer, prompt: str, completion: str) -> tuple[list[int], l
 
 
 def tokenize_example(example: dict[str, Any], tokenizer, format: str, max_length: int) -> dict[str, list[int]]:
-    messages = to_messages(example, format)
-    if messages is not None:
-        input_ids, labels = tokenize_chat(tokenizer, messages)
+    conversation = to_messages(example, format)
+    if conversation is not None:
+        input_ids, labels = tokenize_chat(tokenizer, *conversation)
     elif format == "text":
         input_ids, labels = tokenize_pair(tokenizer, "", example["text"])
     else:
@@ -89,8 +91,8 @@ def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Da
     """Tokenize (cached under a fingerprint of data + tokenizer + template) and drop examples with nothing to train."""
     check_columns(data.format, raw.column_names, key)
     if to_messages_needed(data.format) and not tokenizer.chat_template:
-        raise HfTuneError(f"data.chat_template: the tokenizer has no chat template and format '{data.format}' needs "
-                          "one\n  fix: set data.chat_template to a Jinja template (text or a .jinja file)")
+        raise RecipeError("data.chat_template", f"the tokenizer has no chat template and format '{data.format}' "
+                          "needs one", fix="set data.chat_template to a Jinja template (text or a .jinja file)")
 
     def tokenize_batch(batch: dict[str, list]) -> dict[str, list]:
         out = {"input_ids": [], "attention_mask": [], "labels": []}
@@ -101,13 +103,14 @@ def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Da
                     out[name].append(values)
         return out
 
-    tokenized = raw.map(tokenize_batch, batched=True, remove_columns=raw.column_names, num_proc=data.num_proc,
-                        new_fingerprint=tokenized_fingerprint(raw, tokenizer, data),
-                        desc=f"Tokenizing {key} ({data.format})")
+    with stage_errors(key, f"tokenizing (format {data.format!r})"):
+        tokenized = raw.map(tokenize_batch, batched=True, remove_columns=raw.column_names, num_proc=data.num_proc,
+                            new_fingerprint=tokenized_fingerprint(raw, tokenizer, data),
+                            desc=f"Tokenizing {key} ({data.format})")
     dropped = len(raw) - len(tokenized)
     if dropped == len(raw):
-        raise HfTuneError(f"{key}: all {len(raw)} examples have no trainable token (empty answers, or cut off by "
-                          f"max_length={data.max_length})\n  fix: raise data.max_length or check the data format")
+        raise RecipeError(key, f"all {len(raw)} examples have no trainable token (empty answers, or cut off by "
+                          f"max_length={data.max_length})", fix="raise data.max_length or check the data format")
     if dropped:
         logger.warning("%s: dropped %d of %d examples with no trainable token (empty answer or cut off by "
                        "data.max_length=%d)", key, dropped, len(raw), data.max_length)
