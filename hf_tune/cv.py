@@ -33,7 +33,7 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
         raise RecipeError("--folds", f"needs at least 2 folds, got {folds}")
     out = recipe.output_dir
     tokenizer = build_tokenizer(recipe)
-    raw = load_source(recipe.data.train, "data.train")
+    raw = load_source(recipe.data.train, "data.train", recipe.data.format)
     labels = label_names(raw)
     dataset = tokenize(recipe, tokenizer, raw, "data.train", labels)
     targets = np.asarray(dataset["labels"])

@@ -15,7 +15,11 @@ logger = logging.getLogger("hf_tune")
 def train(recipe: Recipe):
     """Build everything from the recipe, train (resuming from the newest complete checkpoint unless the recipe says
     otherwise), and fill the run folder. Returns the trainer."""
+    from transformers import set_seed
+
     from hf_tune.checkpoints import resume_checkpoint
+    from hf_tune.data import build_datasets
+    from hf_tune.modeling import build_model_and_tokenizer
     from hf_tune.distributed import check_distributed, fit_cpu_threads
     from hf_tune.manifest import now
     from hf_tune.tracking import tracking_scope
@@ -27,24 +31,24 @@ def train(recipe: Recipe):
     fit_cpu_threads(args)
     run_dir = Path(args.output_dir)
     resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
+    set_seed(args.seed)  # the model's freshly initialised weights (heads, LoRA) are seeded too
+    model, tokenizer = build_model_and_tokenizer(recipe)
+    datasets = build_datasets(recipe, tokenizer, args)  # bad data fails here, before anything is written
     with tracking_scope(recipe, run_dir):  # this run's tracker settings; the process environment is restored after
-        return _build_and_train(recipe, args, resume, started)
+        return _train_built(recipe, args, resume, started, model, tokenizer, datasets)
 
 
-def _build_and_train(recipe: Recipe, args, resume: str | None, started: str):
-    from transformers import set_seed
-
-    from hf_tune.data import build_datasets
+def _train_built(recipe: Recipe, args, resume: str | None, started: str, model, tokenizer, datasets):
+    from hf_tune.errors import stage_errors
     from hf_tune.manifest import now, write_manifest
-    from hf_tune.modeling import build_model_and_tokenizer
+    from hf_tune.recipe.upstream import blame_key
     from hf_tune.report import write_report
     from hf_tune.trainer import build_trainer
 
     run_dir = Path(args.output_dir)
-    set_seed(args.seed)  # the model's freshly initialised weights (heads, LoRA) are seeded too
-    model, tokenizer = build_model_and_tokenizer(recipe)
-    train_dataset, eval_dataset = build_datasets(recipe, tokenizer, args)
-    trainer = build_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args)
+    train_dataset, eval_dataset = datasets
+    with stage_errors(lambda message: blame_key("training", recipe.training, message), "building the Trainer"):
+        trainer = build_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args)
     main = trainer.is_world_process_zero()
     datasets = {"train": train_dataset, "eval": eval_dataset}
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)

@@ -226,8 +226,6 @@ def test_lora_values_peft_would_refuse_later_are_refused_without_a_model(lora, k
     assert refused.value.key == key
 
 
-@pytest.mark.xfail(strict=True, reason="tracking_scope writes OUTPUT_DIR/wandb_run_id before the data is built; "
-                                       "hf_tune/training.py must build model and datasets before entering it")
 def test_a_data_error_leaves_no_run_folder_under_a_tracker_either(tiny_llama_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(CORPUS)

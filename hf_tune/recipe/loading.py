@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
                                    SearchSection, TrackingSection)
-from hf_tune.recipe.upstream import check_training_values, check_upstream_kwargs, did_you_mean
+from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
 
 LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 # Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
@@ -157,6 +157,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     lora = raw.get("lora")
     if lora is not None:
         lora = check_upstream_kwargs("lora", lora, LoraConfig, reserved=_LORA_RESERVED)
+        check_lora_values(lora)
     training = dict(raw.get("training") or {})
     if training.get("resume_from_checkpoint") is False:  # `false` reads better in YAML than 'never'
         training["resume_from_checkpoint"] = "never"
