@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainingArguments
+from typing_extensions import override
 
 from hf_tune.errors import HfTuneError
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
@@ -30,17 +31,6 @@ class HfTuneTrainer(Trainer):
         self.report_perplexity = report_perplexity
         self.throughput = Throughput(causal=report_perplexity)
         self.add_callback(self.throughput)
-
-    def train(self, *args, **kwargs):
-        try:
-            return super().train(*args, **kwargs)
-        except Exception as err:  # a search trial that fails (OOM, NaN, bad values) keeps its error in the study
-            from optuna import TrialPruned
-
-            trial = kwargs.get("trial")
-            if trial is not None and hasattr(trial, "set_user_attr") and not isinstance(err, TrialPruned):
-                trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
-            raise
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:  # rebuilt on every train() / search trial: nothing is consumed from the groups
@@ -83,6 +73,9 @@ class HfTuneTrainer(Trainer):
             "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
             "command resumes from the last good checkpoint")
 
+    # A private upstream hook, kept because every DDP rank must follow rank 0's pruning decision (see the docstring;
+    # tests/test_search.py::test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank).
+    @override
     def _report_to_hp_search(self, trial, step, metrics):
         """Under several processes only rank 0 holds the Optuna trial (the others a copy of its values): rank 0
         reports and asks the pruner, and every rank follows its answer (or its error), so a pruned trial stops on
@@ -98,7 +91,7 @@ class HfTuneTrainer(Trainer):
         self.objective = self.compute_objective(dict(metrics))
 
         def report_and_ask() -> bool:  # rank 0's trial; the other ranks hold a FixedTrial, with no study
-            if not hasattr(trial, "study") or trial.study._is_multi_objective():
+            if not hasattr(trial, "study") or len(trial.study.directions) > 1:
                 return False
             trial.report(self.objective, step)
             return trial.should_prune()

@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
-from hf_tune.search.study import make_storage, open_rdb, redact_url
+from hf_tune.search.storage import make_storage, open_rdb, redact_url
 from hf_tune.recipe.schema import SearchSection
 
 LORA = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
@@ -330,7 +330,7 @@ def test_a_storage_that_cannot_be_opened_is_named_without_its_password(tmp_path)
 
 
 def test_tpe_starts_sampling_by_its_model_after_the_startup_trials_the_recipe_sets():
-    from hf_tune.search.study import make_sampler
+    from hf_tune.search.sampling import make_sampler
 
     def params(sampler) -> list[float]:
         study = optuna.create_study(sampler=sampler)

@@ -5,6 +5,7 @@
 ``__main__`` never replaces it (a submodule is bound to its parent only when the parent package is first imported).
 """
 
-from hf_tune.search.study import format_summary, search
+from hf_tune.search.summary import format_summary
+from hf_tune.search.trials import search
 
 __all__ = ["format_summary", "search"]

@@ -1,5 +1,5 @@
 """``python -m hf_tune.search RECIPE [section.key=value ...]``: a hyperparameter search under any launcher
-(python, ``torchrun -m``, ``accelerate launch -m``, ``deepspeed --module``). The search itself is ``hf_tune.search.study``."""
+(python, ``torchrun -m``, ``accelerate launch -m``, ``deepspeed --module``). The search itself is ``hf_tune.search.trials``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,111 @@
+"""What a trial samples and how: the space's values in their declared types, the recipe a trial's values make, the
+sampler (seeded per trial), the pruner, and the direction of each objective."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import optuna
+
+from hf_tune.errors import RecipeError
+from hf_tune.recipe.checks import search_metrics
+from hf_tune.recipe.loading import Recipe, apply_values, validate_recipe
+from hf_tune.recipe.schema import Distribution, SearchSection
+
+logger = logging.getLogger(__name__)
+LOWER_IS_BETTER = ("loss", "perplexity", "trainable_params")
+
+
+def directions_for(search: SearchSection) -> list[str]:
+    """One direction per metric: the recipe's, or minimize for losses, perplexities and sizes, maximize otherwise."""
+    metrics = search_metrics(search)
+    if search.directions is not None:
+        return search.directions if isinstance(search.directions, list) else [search.directions] * len(metrics)
+    return ["minimize" if m.endswith(LOWER_IS_BETTER) else "maximize" for m in metrics]
+
+
+def suggest(trial, key: str, dist: Distribution):
+    if dist.type == "categorical":
+        return trial.suggest_categorical(key, dist.choices)
+    if dist.type == "int":
+        return trial.suggest_int(key, int(dist.low), int(dist.high), step=int(dist.step or 1), log=dist.log)
+    return trial.suggest_float(key, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+def typed(dist: Distribution, value: Any) -> Any:
+    """The value in its declared type: Trainer casts trial values to the type of the current argument (an int
+    ``warmup_steps`` would turn 0.26 into 0), so hf_tune converts to what the space declares instead."""
+    return int(value) if dist.type == "int" else float(value) if dist.type == "float" else value
+
+
+def trial_recipe(base: Recipe, values: dict[str, Any]) -> Recipe:
+    """``base`` with a trial's ``{dotted key: value}`` applied, validated again, without its search section."""
+    raw = {k: v for k, v in base.to_dict().items() if k != "search"}
+    return validate_recipe(apply_values(raw, values), base.source)
+
+
+def make_sampler(search: SearchSection):
+    """The study's sampler, seeded per trial: trial k samples with seed + k, whichever process runs it, so a study
+    reproduces from its seed and two workers starting together never propose the same values. The grid sampler keeps
+    one seed: it shuffles the grid with it, and the grid ids in the storage must keep meaning the same points."""
+    if search.sampler == "grid":
+        grid = {}
+        for key, d in search.space.items():
+            if d.type == "categorical":
+                grid[key] = d.choices
+            else:
+                step = d.step or 1
+                count = int(round((d.high - d.low) / step)) + 1
+                grid[key] = [typed(d, d.low + i * step) for i in range(count)]
+        return optuna.samplers.GridSampler(grid, seed=search.seed)
+    kind = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+            "cmaes": optuna.samplers.CmaEsSampler, "nsga2": optuna.samplers.NSGAIISampler}[search.sampler]
+    kwargs = dict(search.sampler_kwargs)
+    kwargs.pop("seed", None)  # search.seed seeds each trial
+    try:
+        kind(**kwargs)
+    except TypeError as err:
+        raise RecipeError("search.sampler_kwargs", str(err)) from None
+    startup = kwargs.get("n_startup_trials", 10)
+    if search.sampler == "tpe" and startup >= search.n_trials:
+        logger.warning("search: TPE samples its first %d trials at random, and search.n_trials is %d, so this study "
+                       "is a random search; set search.sampler_kwargs.n_startup_trials below n_trials", startup,
+                       search.n_trials)
+    return TrialSeededSampler(lambda seed: kind(seed=seed, **kwargs), search.seed)
+
+
+class TrialSeededSampler(optuna.samplers.BaseSampler):
+    """Delegates to a sampler made for each trial with ``seed + trial.number`` (known once the trial exists)."""
+
+    def __init__(self, factory, seed: int):
+        self.factory, self.seed = factory, seed
+        self.inner = factory(seed)
+
+    def before_trial(self, study, trial):
+        self.inner = self.factory(self.seed + trial.number)
+        self.inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study, trial):
+        return self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self.inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study, trial, state, values):
+        self.inner.after_trial(study, trial, state, values)
+
+
+def make_pruner(search: SearchSection):
+    kinds = {"median": optuna.pruners.MedianPruner, "hyperband": optuna.pruners.HyperbandPruner,
+             "none": optuna.pruners.NopPruner}
+    kwargs = search.pruner_kwargs
+    if search.pruner == "median":
+        kwargs = {"n_startup_trials": 2, **kwargs}  # Optuna's 5 would prune nothing in a small study
+    try:
+        return kinds[search.pruner](**kwargs)
+    except TypeError as err:
+        raise RecipeError("search.pruner_kwargs", str(err)) from None

@@ -1,0 +1,244 @@
+"""The trial loop: ``search(recipe)`` runs (or continues) the study, one ``Trainer.hyperparameter_search`` call per
+trial, with Optuna.
+
+Each trial rebuilds the model (and the optimizer groups) from the recipe with the trial's values, so any model,
+LoRA or optim key can be searched, not only ``TrainingArguments``. Only the main process talks to Optuna: under
+several processes the other ranks train the values it broadcasts and follow its decisions (another trial or not,
+and pruning: ``HfTuneTrainer._report_to_hp_search``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.recipe.checks import search_metrics
+from hf_tune.recipe.loading import Recipe
+from hf_tune.recipe.schema import SearchSection
+from hf_tune.search.sampling import directions_for, make_pruner, make_sampler, suggest, trial_recipe, typed
+from hf_tune.search.storage import make_storage
+from hf_tune.search.summary import summarize
+
+logger = logging.getLogger(__name__)
+
+
+def search(recipe: Recipe) -> dict:
+    """Run (or continue) the study; write trials.csv, plots, best_recipe.yaml into the study folder."""
+    from hf_tune.trainer import build_trainer
+
+    if recipe.search is None:
+        raise RecipeError("search", "the recipe has no search section", fix="add search.space (see the README)")
+    spec = recipe.search
+    study_dir = Path(spec.output_dir or recipe.training["output_dir"])
+    study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
+    base = base_recipe(recipe, study_dir)
+    inputs = build_study_inputs(base)
+    hooks = TrialHooks(base, spec, inputs)
+    trainer = build_trainer(base, None, inputs.tokenizer, inputs.train_dataset, inputs.eval_dataset, inputs.args,
+                            model_init=hooks.model_init)
+    hooks.trainer = trainer
+    record_trial_errors(trainer)
+    # only the main process talks to Optuna; the other ranks train the trial it broadcasts
+    storage = make_storage(spec, study_dir) if trainer.is_world_process_zero() else None
+    if trainer.is_world_process_zero():
+        study_dir.mkdir(parents=True, exist_ok=True)
+    run_trials(trainer, hooks, storage, study_name)
+    if not trainer.is_world_process_zero():
+        return {}
+    return summarize(optuna.load_study(study_name=study_name, storage=storage), recipe, hooks.metrics, study_dir)
+
+
+def base_recipe(recipe: Recipe, study_dir: Path) -> Recipe:
+    """The recipe every trial starts from: training into the study folder, searched training keys at their low
+    value in the declared type (Trainer casts a trial's values to the base value's type), no search section."""
+    training = {**recipe.training, "output_dir": str(study_dir)}
+    for key, dist in recipe.search.space.items():
+        if key.startswith("training.") and dist.type != "categorical":
+            training[key.removeprefix("training.")] = typed(dist, dist.low)
+    return dataclasses.replace(recipe, training=training, search=None)
+
+
+@dataclasses.dataclass
+class StudyInputs:
+    """What every trial of a study shares, built once."""
+
+    args: Any  # TrainingArguments
+    tokenizer: Any
+    labels: Any
+    train_dataset: Any
+    eval_dataset: Any
+
+
+def build_study_inputs(base: Recipe) -> StudyInputs:
+    """TrainingArguments, tokenizer, labels and datasets for the study, in this order (the datasets need the
+    arguments and the tokenizer). Each trial builds only its model."""
+    from hf_tune.data import build_datasets, dataset_labels
+    from hf_tune.distributed import fit_cpu_threads
+    from hf_tune.modeling import build_tokenizer
+    from hf_tune.training_args import build_training_arguments
+
+    args = build_training_arguments(base)
+    fit_cpu_threads(args)
+    tokenizer = build_tokenizer(base)
+    labels = dataset_labels(base)
+    train_dataset, eval_dataset = build_datasets(base, tokenizer, args)
+    return StudyInputs(args, tokenizer, labels, train_dataset, eval_dataset)
+
+
+class TrialHooks:
+    """The functions Trainer's search calls for each trial: ``model_init`` (Trainer calls it before ``hp_space``, so
+    it samples the trial's values itself), ``hp_space`` and ``compute_objective``."""
+
+    def __init__(self, base: Recipe, spec: SearchSection, inputs: StudyInputs):
+        self.base, self.spec, self.inputs = base, spec, inputs
+        self.metrics = search_metrics(spec)
+        self.trainer: Any = None  # set once built: the trainer is built with model_init
+
+    def sample(self, trial) -> dict[str, Any]:  # Optuna returns the same value when a trial suggests a key again
+        return {key: typed(dist, suggest(trial, key, dist)) for key, dist in self.spec.space.items()}
+
+    def model_init(self, trial=None):
+        from hf_tune.modeling import build_model
+
+        current = self.base
+        if trial is not None:
+            if trial.number >= self.spec.n_trials:  # every rank holds the number: rank 0's trial, the others' copy
+                raise SurplusTrial(trial.number, self.spec.n_trials)
+            values = self.sample(trial)
+            args = self.inputs.args
+            logger.info("rank %d of %d: trial %s with %s", args.process_index, args.world_size, trial.number,
+                        values)
+            current = trial_recipe(self.base, values)
+            self.trainer.optim = current.optim  # the groups of this trial's optimizer
+        model = build_model(current, self.inputs.tokenizer, self.inputs.labels)
+        if trial is not None and hasattr(trial, "set_user_attr"):
+            trial.set_user_attr("trainable_params", trainable_params(model))
+        return model
+
+    def hp_space(self, trial) -> dict[str, Any]:
+        return {k.removeprefix("training."): v for k, v in self.sample(trial).items() if k.startswith("training.")}
+
+    def compute_objective(self, results: dict[str, float]):
+        missing = [m for m in self.metrics if m != "trainable_params" and m not in results]
+        if missing:
+            raise HfTuneError(f"search.metric: {missing} not in the evaluation results {sorted(results)}")
+        values = [float(trainable_params(self.trainer.model)) if m == "trainable_params" else results[m]
+                  for m in self.metrics]
+        return values if len(self.metrics) > 1 else values[0]
+
+
+def run_trials(trainer, hooks: TrialHooks, storage, study_name: str) -> None:
+    """One ``hyperparameter_search`` call per trial while the study has room (search.n_trials, search.timeout)."""
+    spec, metrics, directions = hooks.spec, hooks.metrics, directions_for(hooks.spec)
+    multi = len(metrics) > 1
+    # Only rank 0 holds the Optuna trial (the others train a copy of its values): a trial that fails on one rank
+    # leaves the others in a collective it never joins, so under several processes an error stops the launch.
+    distributed = trainer.args.world_size > 1
+    pruner = ddp_pruner(spec, trainer.args.world_size)
+    started = time.time()
+    while _another_trial(trainer, storage, study_name, directions, spec, started):
+        # After each call upstream asks the study for its best trial, which raises ValueError while no trial has
+        # completed (all pruned or failed so far). Trials never leave COMPLETE, so that can happen only if none had
+        # completed before the call.
+        lookup_may_fail = trainer.is_world_process_zero() and not _has_complete_trial(storage, study_name)
+        try:
+            trainer.hyperparameter_search(
+                hp_space=hooks.hp_space, compute_objective=hooks.compute_objective, n_trials=1,
+                direction=directions if multi else directions[0], backend="optuna",
+                hp_name=lambda trial: f"trial-{trial.number}", study_name=study_name, storage=storage,
+                load_if_exists=True, sampler=make_sampler(spec), pruner=pruner,
+                catch=(SurplusTrial,) if distributed else (Exception,), gc_after_trial=True,
+            )
+        except (optuna.TrialPruned, SurplusTrial):  # the other ranks: upstream's loop for them lets these out
+            if trainer.is_world_process_zero():
+                raise
+        except ValueError as err:  # the lookup's, unless the trial raised it (under DDP only: see catch)
+            if not lookup_may_fail or raised_by_trial(err):
+                raise
+
+
+def ddp_pruner(spec: SearchSection, world_size: int):
+    """The recipe's pruner; under several processes only where every rank can follow rank 0's pruning decision."""
+    from transformers import Trainer
+
+    pruner = make_pruner(spec)
+    if world_size > 1 and not hasattr(Trainer, "_report_to_hp_search"):
+        # HfTuneTrainer overrides that hook so every rank follows rank 0: without it a pruned trial would hang the
+        # other ranks
+        logger.warning("search: this transformers version reports trials another way, so under %d processes pruning "
+                       "is off (search.pruner: %s is ignored)", world_size, spec.pruner)
+        return optuna.pruners.NopPruner()
+    return pruner
+
+
+def record_trial_errors(trainer) -> None:
+    """Store a failing trial's error in its Optuna trial (user attribute ``error``, listed by the summary).
+
+    Trainer's search hands the trial only to ``trainer.train(trial=...)``, and Optuna takes no attributes on a trial
+    once it has failed, so the error is stored on its way out of ``train``, on this trainer alone. The error is also
+    marked as the trial's own (``raised_by_trial``)."""
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_recording_errors(*args, **kwargs):
+        try:
+            return train(*args, **kwargs)
+        except Exception as err:  # a trial that fails (OOM, NaN, bad values) keeps its error in the study
+            trial = kwargs.get("trial")
+            if trial is not None and hasattr(trial, "set_user_attr") and not isinstance(err, optuna.TrialPruned):
+                trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
+            err._hf_tune_trial_error = True
+            raise
+
+    trainer.train = train_recording_errors
+
+
+def raised_by_trial(err: BaseException) -> bool:
+    return getattr(err, "_hf_tune_trial_error", False)
+
+
+class SurplusTrial(HfTuneError):
+    """A trial created after the study reached n_trials: workers that checked the count at the same moment each
+    started one. It fails at once, before any training, so the study runs n_trials trials and not up to
+    n_trials + workers - 1. Every rank raises it at the same point, so it is safe to catch under DDP."""
+
+    def __init__(self, number: int, n_trials: int):
+        super().__init__(f"search: trial {number} not run: the study already has search.n_trials={n_trials} trials "
+                         "(other workers started theirs at the same moment)")
+        self.number, self.n_trials = number, n_trials
+
+    def __reduce__(self):
+        return type(self), (self.number, self.n_trials)
+
+
+def trainable_params(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _has_complete_trial(storage, study_name: str) -> bool:
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _another_trial(trainer, storage, study_name: str, directions: list[str], spec: SearchSection,
+                   started: float) -> bool:
+    """Rank 0 decides from the shared storage (trials finished or running anywhere count); other ranks follow."""
+    go = False
+    if trainer.is_world_process_zero():
+        study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
+                                    directions=directions)
+        go = len(study.trials) < spec.n_trials and (spec.timeout is None or time.time() - started < spec.timeout)
+    if trainer.args.world_size > 1:
+        import torch.distributed as dist
+
+        decision = [go]
+        dist.broadcast_object_list(decision, src=0)
+        go = decision[0]
+    return go
