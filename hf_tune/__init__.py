@@ -3,33 +3,44 @@
 Notebook API, each step callable alone::
 
     recipe = load_recipe("recipes/llm_lora.yaml", ["training.max_steps=20"])
-    model, tokenizer = build_model_and_tokenizer(recipe)
-    train_ds, eval_ds = build_datasets(recipe, tokenizer)
-    trainer = build_trainer(recipe, model, tokenizer, train_ds, eval_ds, build_training_arguments(recipe))
-    trainer.train()            # or simply: train(recipe)
+    run = build_run(recipe)    # TrainingArguments, tokenizer, model, datasets and trainer, built in order
+    run.trainer.train()        # or simply: train(recipe), which also fills the run folder
     search(load_recipe("recipes/llm_lora_search.yaml"))   # hyperparameter search from the recipe's search section
+
+``import hf_tune`` is light: each name is imported when first used.
 """
 
-from hf_tune.data import build_datasets
-from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.search import search
-from hf_tune.modeling import build_model_and_tokenizer
-from hf_tune.recipe import Recipe, load_recipe
-from hf_tune.training import train
-from hf_tune.trainer import HfTuneTrainer, build_trainer
-from hf_tune.training_args import build_training_arguments
+from __future__ import annotations
+
+import importlib
+
+from hf_tune.search import search  # noqa: F401  bound here, so that hf_tune.search stays the function (see hf_tune/search)
 
 __version__ = "0.1.0"
-__all__ = [
-    "HfTuneError",
-    "HfTuneTrainer",
-    "Recipe",
-    "RecipeError",
-    "build_datasets",
-    "build_model_and_tokenizer",
-    "build_trainer",
-    "build_training_arguments",
-    "load_recipe",
-    "search",
-    "train",
-]
+_EXPORTS = {
+    "HfTuneError": "hf_tune.errors",
+    "RecipeError": "hf_tune.errors",
+    "Recipe": "hf_tune.recipe.schema",
+    "load_recipe": "hf_tune.preflight",
+    "build_run": "hf_tune.build",
+    "Run": "hf_tune.build",
+    "build_training_arguments": "hf_tune.training_args",
+    "build_model_and_tokenizer": "hf_tune.model",
+    "build_datasets": "hf_tune.data",
+    "build_trainer": "hf_tune.trainer",
+    "HfTuneTrainer": "hf_tune.trainer",
+    "train": "hf_tune.training",
+}
+__all__ = sorted([*_EXPORTS, "search"])
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hf_tune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

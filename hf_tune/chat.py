@@ -7,17 +7,18 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 
 
 def load_trained(run_dir: str | Path):
     """(model, tokenizer) from a run folder: a LoRA adapter is loaded onto its base model, a full model as is."""
     run_dir = Path(run_dir)
-    if (run_dir / "adapter_config.json").is_file():
+    if (run_dir / run_folder.ADAPTER_CONFIG).is_file():
         from peft import AutoPeftModelForCausalLM
 
         model = AutoPeftModelForCausalLM.from_pretrained(run_dir)
-    elif (run_dir / "config.json").is_file():
+    elif (run_dir / run_folder.MODEL_CONFIG).is_file():
         model = AutoModelForCausalLM.from_pretrained(run_dir)
     else:
         raise HfTuneError(f"{run_dir}: no adapter_config.json or config.json here\n  fix: pass a finished run folder "

@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError, RecipeError
 
 logger = logging.getLogger(__name__)
-MARKER = "hf_tune_complete.json"
-FINISHED = "run.json"  # the manifest; its end_time marks a finished run
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+MARKER = run_folder.CHECKPOINT_MARKER
+FINISHED = run_folder.MANIFEST  # the manifest; its end_time marks a finished run
+_CHECKPOINT = run_folder.CHECKPOINT
 
 
 def mark_complete(checkpoint: Path) -> None:
@@ -88,7 +88,7 @@ def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
                           f"training.resume_from_checkpoint={output_dir}/checkpoint-N")
     found = checkpoints(output_dir)
     if mode == "never":
-        if found or (output_dir / "recipe.yaml").exists():
+        if found or (output_dir / run_folder.RECIPE).exists():
             raise RecipeError(key, f"is 'never' but {output_dir} already holds a run",
                               fix="use an empty training.output_dir, or resume_from_checkpoint: auto")
         return None

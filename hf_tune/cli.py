@@ -11,7 +11,8 @@ from hf_tune.run import user_errors
 
 
 def _validate(args) -> None:
-    from hf_tune.recipe import load_recipe, redact_secrets
+    from hf_tune.preflight import load_recipe
+    from hf_tune.redaction import redact_secrets
 
     recipe = load_recipe(args.recipe, args.overrides)
     print(yaml.safe_dump(redact_secrets(recipe.to_dict()), sort_keys=False), end="")
@@ -25,14 +26,14 @@ def _train(args) -> None:
 
 def _plan(args) -> None:
     from hf_tune.plan import format_plan, plan
-    from hf_tune.recipe import load_recipe
+    from hf_tune.preflight import load_recipe
 
     print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
 
 
 def _cv(args) -> None:
     from hf_tune.cv import cross_validate
-    from hf_tune.recipe import load_recipe
+    from hf_tune.preflight import load_recipe
 
     result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
     for name, stats in result["summary"].items():
@@ -40,7 +41,7 @@ def _cv(args) -> None:
 
 
 def _search(args) -> None:
-    from hf_tune.recipe import load_recipe
+    from hf_tune.preflight import load_recipe
     from hf_tune.search import format_summary, search
 
     print(format_summary(search(load_recipe(args.recipe, args.overrides))))
@@ -99,30 +100,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--debug", action="store_true", help="show the traceback of errors")
     verbs = p.add_subparsers(dest="verb", required=True)
 
-    for name, func, help_text in (("train", _train, "train from a recipe (same as python -m hf_tune.run)"),
-                                  ("validate", _validate, "check a recipe and print it fully resolved")):
+    def recipe_verb(name: str, func, help_text: str) -> argparse.ArgumentParser:  # RECIPE [overrides], once
         v = verbs.add_parser(name, help=help_text)
-        v.add_argument("recipe")
-        v.add_argument("overrides", nargs="*", help="section.key=value")
+        v.add_argument("recipe", help="YAML recipe, e.g. recipes/llm_lora.yaml")
+        v.add_argument("overrides", nargs="*", help="section.key=value, value read as YAML (training.max_steps=10)")
         v.set_defaults(func=func)
+        return v
 
-    v = verbs.add_parser("plan", help="batch sizes, steps, optimizer groups and lr_schedule.png, without training")
-    v.add_argument("recipe")
-    v.add_argument("overrides", nargs="*", help="section.key=value")
+    recipe_verb("train", _train, "train from a recipe (same as python -m hf_tune.run)")
+    recipe_verb("validate", _validate, "check a recipe and print it fully resolved")
+    v = recipe_verb("plan", _plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training")
     v.add_argument("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)")
     v.add_argument("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")
-    v.set_defaults(func=_plan)
-
-    v = verbs.add_parser("cv", help="stratified k-fold cross-validation of a classification recipe")
-    v.add_argument("recipe")
-    v.add_argument("overrides", nargs="*", help="section.key=value")
+    v = recipe_verb("cv", _cv, "stratified k-fold cross-validation of a classification recipe")
     v.add_argument("--folds", type=int, default=5)
-    v.set_defaults(func=_cv)
-
-    v = verbs.add_parser("search", help="hyperparameter search from the recipe's search section (Optuna)")
-    v.add_argument("recipe")
-    v.add_argument("overrides", nargs="*", help="section.key=value")
-    v.set_defaults(func=_search)
+    recipe_verb("search", _search, "hyperparameter search from the recipe's search section (Optuna)")
 
     v = verbs.add_parser("report", help="plot a run's loss, learning rates and eval metrics into PNG files")
     v.add_argument("run_dir")

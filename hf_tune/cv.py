@@ -8,24 +8,21 @@ from pathlib import Path
 
 import numpy as np
 
+from hf_tune import run_folder
+from hf_tune.build import build_run
+from hf_tune.data import TrainingData, data_seed, tokenize
+from hf_tune.data.classification import label_names
+from hf_tune.data.loading import load_source
 from hf_tune.errors import RecipeError
-from hf_tune.recipe.loading import Recipe
+from hf_tune.model import build_tokenizer
+from hf_tune.recipe.schema import Recipe
+from hf_tune.tracking import tracking_scope
 
 
 def cross_validate(recipe: Recipe, folds: int) -> dict:
     """Train ``folds`` models, each evaluated on its held-out fold of data.train; write per-fold metrics and
     mean ± std to ``output_dir/cv_results.json`` (fold runs in ``output_dir/fold-K``)."""
     from sklearn.model_selection import StratifiedKFold
-    from transformers import set_seed
-
-    from hf_tune.data import data_seed, tokenize
-    from hf_tune.distributed import fit_cpu_threads
-    from hf_tune.data.classification import label_names
-    from hf_tune.data.loading import load_source
-    from hf_tune.modeling import build_model, build_tokenizer
-    from hf_tune.tracking import tracking_scope
-    from hf_tune.trainer import build_trainer
-    from hf_tune.training_args import build_training_arguments
 
     if recipe.data.format != "classification":
         raise RecipeError("data.format", "cross-validation stratifies by label: it needs format 'classification'")
@@ -42,18 +39,15 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
     per_fold = []
     for k, (train_idx, eval_idx) in enumerate(splitter.split(np.zeros(len(targets)), targets)):
         fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(out / f"fold-{k}")})
-        args = build_training_arguments(fold)
-        fit_cpu_threads(args)
-        set_seed(args.seed)
-        model = build_model(fold, tokenizer, labels)
-        trainer = build_trainer(fold, model, tokenizer, dataset.select(train_idx), dataset.select(eval_idx), args)
-        with tracking_scope(fold, Path(args.output_dir)):  # each fold its own tracker run
-            trainer.train()
-            metrics = trainer.evaluate()
-        trainer.save_metrics("eval", metrics)
+        run = build_run(fold, data=TrainingData(dataset.select(train_idx), dataset.select(eval_idx), labels))
+        with tracking_scope(fold, Path(run.args.output_dir)):  # each fold its own tracker run
+            run.trainer.train()
+            metrics = run.trainer.evaluate()
+        run.trainer.save_metrics("eval", metrics)
         counts = np.bincount(targets[eval_idx], minlength=len(labels))
         per_fold.append({"fold": k, "train_examples": len(train_idx), "eval_examples": len(eval_idx),
                          "eval_label_counts": dict(zip(labels, counts.tolist())), **metrics})
+    trainer = run.trainer
 
     names = [key for key, value in per_fold[0].items() if key.startswith("eval_") and isinstance(value, float)
              and "runtime" not in key and "per_second" not in key]
@@ -62,5 +56,5 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
     result = {"folds": folds, "seed": data_seed(recipe), "labels": labels, "per_fold": per_fold, "summary": summary}
     if trainer.is_world_process_zero():
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "cv_results.json").write_text(json.dumps(result, indent=2))
+        (Path(out) / run_folder.CV_RESULTS).write_text(json.dumps(result, indent=2))
     return result

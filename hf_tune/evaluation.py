@@ -3,26 +3,12 @@ stopping (upstream ``EarlyStoppingCallback``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 from transformers import EarlyStoppingCallback, EvalPrediction
 
-from hf_tune.errors import RecipeError
+from hf_tune.metrics import SHIPPED_METRICS, metric_path  # noqa: F401  (re-exported)
 from hf_tune.recipe.schema import EvaluationSection
-
-SHIPPED_METRICS = {path.stem: path for path in (Path(__file__).parent / "metrics").glob("*.py") if path.stem != "__init__"}
-
-
-def metric_path(name: str) -> str:
-    """A shipped metric name (accuracy, f1) or a path to an ``evaluate`` module file or folder."""
-    if name in SHIPPED_METRICS:
-        return str(SHIPPED_METRICS[name])
-    if Path(name).exists():
-        return name
-    raise RecipeError("evaluation.metrics", f"unknown metric {name!r}",
-                      fix=f"use one of {sorted(SHIPPED_METRICS)} or a path to an evaluate module (.py)")
-
 
 def build_compute_metrics(evaluation: EvaluationSection):
     """``compute_metrics`` for Trainer: argmax of the logits against the labels, for every named metric."""

@@ -1,33 +1,19 @@
-"""The Hugging Face Hub: reachability, merging a LoRA run, and pushing a run with its model card."""
+"""The Hugging Face Hub: merging a LoRA run, and pushing a run with its model card."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import tempfile
 from pathlib import Path
 
-from huggingface_hub import constants
+from huggingface_hub import constants  # noqa: F401  (tests and users patch hf_tune.hub.constants)
+
+from hf_tune import run_folder
+from hf_tune.network import hub_is_reachable  # noqa: F401  (hf_tune.hub.hub_is_reachable, as before)
+from hf_tune.tasks import Task, task_of
 
 logger = logging.getLogger(__name__)
-
-
-@functools.cache
-def hub_is_reachable(timeout: float = 3.0) -> bool:
-    """One quick request to the Hub endpoint (``HF_ENDPOINT``) through huggingface_hub's own HTTP session, so proxies
-    (``HTTPS_PROXY``, ``NO_PROXY``) apply as they do to downloads. Without it, every offline ``from_pretrained`` of a
-    Hub id spends ~25 s in retries before failing or falling back to the cache."""
-    from huggingface_hub import get_session
-
-    if constants.is_offline_mode():
-        return False
-    try:
-        status = get_session().head(constants.ENDPOINT, timeout=timeout).status_code
-    except Exception as err:  # no answer (DNS, refused, proxy, timeout, TLS): offline for this process
-        logger.debug("The Hub (%s) did not answer: %s", constants.ENDPOINT, err)
-        return False
-    return status < 500  # 5xx: a proxy that cannot reach the Hub, or the Hub itself down
 
 
 # What a push uploads, by name: an allow-list, so that a file that Trainer or a tracker adds to the run folder stays
@@ -38,17 +24,17 @@ WEIGHT_FILES = ("adapter_model.safetensors", "adapter_config.json", "config.json
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
                    "chat_template.json", "additional_chat_templates/*.jinja")
-RESULT_FILES = ("recipe.yaml", "train_results.json", "eval_results.json", "all_results.json")
-MANIFEST_FILES = ("run.json", "trainer_state.json", "*.png")  # only with include_manifest: host, command line, env
-TRACKER_LOGS = ("wandb", "mlruns", "runs")  # only with include_logs: report_to wandb, mlflow, tensorboard
+RESULT_FILES = (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS)
+MANIFEST_FILES = (run_folder.MANIFEST, run_folder.TRAINER_STATE, "*.png")  # only with include_manifest: host, command line, env
+TRACKER_LOGS = ("wandb", run_folder.MLFLOW_DIR, "runs")  # only with include_logs: report_to wandb, mlflow, tensorboard
 MERGE_CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}  # max |Δ logit| / max |logit|
 
 
-def _run_task(run_dir: Path) -> str:
+def _run_task(run_dir: Path) -> Task:
     import yaml
 
-    recipe = run_dir / "recipe.yaml"
-    return yaml.safe_load(recipe.read_text())["model"].get("task", "causal_lm") if recipe.is_file() else "causal_lm"
+    recipe = run_dir / run_folder.RECIPE
+    return task_of(yaml.safe_load(recipe.read_text())["model"].get("task") if recipe.is_file() else None)
 
 
 def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "float32", check: bool = False) -> dict:
@@ -57,8 +43,7 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
     import shutil
 
     import torch
-    from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from hf_tune.errors import HfTuneError
 
@@ -68,10 +53,10 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
                           "  fix: pass the output_dir of a run whose recipe has a lora section")
     if dtype not in MERGE_CHECK_TOLERANCE:
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {sorted(MERGE_CHECK_TOLERANCE)}")
-    out = Path(out) if out else run_dir / "merged"
-    causal = _run_task(run_dir) == "causal_lm"
-    peft_cls = AutoPeftModelForCausalLM if causal else AutoPeftModelForSequenceClassification
-    model = peft_cls.from_pretrained(run_dir, dtype=torch.float32).eval()
+    out = Path(out) if out else run_dir / run_folder.MERGED
+    task = _run_task(run_dir)
+    causal = task.causal
+    model = task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     samples = _sample_inputs(tokenizer, causal)
     with torch.no_grad():
@@ -79,12 +64,12 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
     merged = model.merge_and_unload().to(getattr(torch, dtype))
     merged.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    for name in ("recipe.yaml", "train_results.json", "eval_results.json", "all_results.json"):
+    for name in (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS):
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, out / name)
     result = {"merged_dir": str(out), "dtype": dtype}
     if check:
-        reloaded = (AutoModelForCausalLM if causal else AutoModelForSequenceClassification).from_pretrained(
+        reloaded = task.model_class.from_pretrained(
             out, dtype=torch.float32).eval()
         with torch.no_grad():
             diff = (reloaded(**samples).logits - reference).abs().max().item()
@@ -117,7 +102,7 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
     from hf_tune.model_card import render_model_card
 
     run_dir = Path(run_dir)
-    if not (run_dir / "recipe.yaml").is_file():
+    if not (run_dir / run_folder.RECIPE).is_file():
         raise HfTuneError(f"{run_dir}: not a run folder (no recipe.yaml)\n  fix: pass a training.output_dir")
     token = token or get_token()
     if not token:
@@ -129,9 +114,9 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
              "--include-logs": include_logs}
     retry = " ".join([f"hf-tune push {run_dir} --repo-id {repo_id}", *(flag for flag, given in flags.items() if given)])
     with tempfile.TemporaryDirectory(prefix="hf_tune-push-") as staging:
-        weights_dir = run_dir / "merged" if merged else run_dir
+        weights_dir = run_dir / run_folder.MERGED if merged else run_dir
         if merged and not (weights_dir / "config.json").is_file():
-            weights_dir = Path(merge(run_dir, Path(staging) / "merged")["merged_dir"])
+            weights_dir = Path(merge(run_dir, Path(staging) / run_folder.MERGED)["merged_dir"])
         written = {"README.md": str(render_model_card(run_dir, repo_id, merged=merged, base_model=base_model)).encode()}
         if adapter:
             config = json.loads((run_dir / "adapter_config.json").read_text())
@@ -192,7 +177,7 @@ def pushed_base(run_dir: Path, base_model: str | None, adapter: bool) -> tuple[s
             raise HfTuneError(f"--base-model: {base_model!r} is not a Hub id\n  fix: name the base model as ORG/NAME, "
                               "the Hub id that others load it by") from None
         return base_model, None
-    model = yaml.safe_load((run_dir / "recipe.yaml").read_text())["model"]
+    model = yaml.safe_load((run_dir / run_folder.RECIPE).read_text())["model"]
     name = model["pretrained_model_name_or_path"]
     base = base_model_id(name)
     if adapter and (base is None or model.get("gguf_file")):

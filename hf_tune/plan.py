@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from hf_tune import run_folder
+from hf_tune.build import build_run
 from hf_tune.optim import group_summary, recipe_param_infos
-from hf_tune.recipe.loading import Recipe
+from hf_tune.recipe.schema import Recipe
 
 
 def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int, world_size: int) -> int:
@@ -53,23 +55,12 @@ def model_state_sizes(model) -> tuple[int, int, int]:
 def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
     """Everything the run will do, computed with the real model, data, optimizer and scheduler. Writes
     ``lr_schedule.png`` (one line per optimizer group) into ``out_dir`` (default: the run's output_dir)."""
-    from transformers import set_seed
-
-    from hf_tune.data import build_datasets
-    from hf_tune.modeling import build_model_and_tokenizer
-    from hf_tune.trainer import build_trainer
-    from hf_tune.training_args import build_training_arguments
-
-    args = build_training_arguments(recipe)
-    set_seed(args.seed)
-    model, tokenizer = build_model_and_tokenizer(recipe)
-    train_dataset, eval_dataset = build_datasets(recipe, tokenizer)
+    run = build_run(recipe)
+    args, model, train_dataset, trainer = run.args, run.model, run.data.train, run.trainer
     world = world_size or args.world_size
     per_epoch = steps_per_epoch(len(train_dataset), args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
     infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
-
-    trainer = build_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args)
     trainer.create_optimizer_and_scheduler(num_training_steps=total)
     groups = trainer.optimizer.param_groups
     curves = [[] for _ in groups]
@@ -97,7 +88,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     result["memory_precision"] = ("mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1])
     out = Path(out_dir or args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / "lr_schedule.png"))
+    result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / run_folder.LR_SCHEDULE_PLOT))
     return result
 
 

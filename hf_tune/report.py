@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hf_tune import run_folder
+
 
 def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
     points = [(entry["step"], entry[key]) for entry in history if key in entry and "step" in entry]
@@ -15,16 +17,16 @@ def training_state(run_dir: Path) -> Path:
     """``trainer_state.json`` of a finished run, or of the newest complete checkpoint of a run in progress."""
     from hf_tune.checkpoints import last_complete_checkpoint
 
-    state = run_dir / "trainer_state.json"
+    state = run_dir / run_folder.TRAINER_STATE
     if state.is_file():
         return state
     checkpoint = last_complete_checkpoint(run_dir)
-    if checkpoint is None or not (checkpoint / "trainer_state.json").is_file():
+    if checkpoint is None or not (checkpoint / run_folder.TRAINER_STATE).is_file():
         from hf_tune.errors import HfTuneError
 
         raise HfTuneError(f"{run_dir}: no trainer_state.json, and no complete checkpoint yet\n  fix: pass the "
                           "output_dir of a run (a run in progress is reported from its newest checkpoint)")
-    return checkpoint / "trainer_state.json"
+    return checkpoint / run_folder.TRAINER_STATE
 
 
 def write_report(run_dir: str | Path) -> list[Path]:
@@ -40,9 +42,9 @@ def write_report(run_dir: str | Path) -> list[Path]:
     eval_keys = sorted({k for e in history for k in e if k.startswith("eval_") and k not in (
         "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")})
     figures = {
-        "loss.png": (["loss", "eval_loss"], "loss"),
-        "lr.png": (["learning_rate", "lr_min", "lr_max"], "learning rate"),
-        "eval_metrics.png": (eval_keys, "value"),
+        run_folder.LOSS_PLOT: (["loss", "eval_loss"], "loss"),
+        run_folder.LR_PLOT: (["learning_rate", "lr_min", "lr_max"], "learning rate"),
+        run_folder.EVAL_METRICS_PLOT: (eval_keys, "value"),
     }
     written = []
     for name, (keys, ylabel) in figures.items():

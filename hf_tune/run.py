@@ -9,7 +9,7 @@ import logging
 import sys
 
 from hf_tune.errors import HfTuneError
-from hf_tune.recipe import load_recipe
+from hf_tune.preflight import load_recipe
 
 
 def parser() -> argparse.ArgumentParser:
@@ -19,6 +19,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of errors")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     return p
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record is logged: a notebook or a test may replace it between runs,
+    and a handler bound to an old, closed stream would print logging's own traceback."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler sets it in __init__; the current sys.stderr is used instead
+        pass
+
+
+def configure_logging() -> None:
+    """INFO logs with a time stamp on standard error, set up once per process (entry points call it). The libraries'
+    own handlers (bound to the standard error of the moment they were imported) give way to this one."""
+    import datasets.utils.logging  # noqa: F401  (configures its library logger now, so it can be redirected)
+    import transformers.utils.logging
+
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
+    library = logging.getLogger("datasets")
+    for handler in [h for h in library.handlers if type(h) is logging.StreamHandler]:
+        library.removeHandler(handler)
+    library.propagate = True
+    root = logging.getLogger()
+    if not any(isinstance(handler, _CurrentStderr) for handler in root.handlers):
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 @contextlib.contextmanager
@@ -38,7 +71,7 @@ def user_errors(debug: bool):
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     with user_errors(args.debug):
         from hf_tune.training import how_to_use, train
 

@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 
 from transformers import TrainerCallback
 
-from hf_tune.recipe.loading import Recipe, redact_secrets
+from hf_tune import run_folder
+from hf_tune.recipe.schema import Recipe
+from hf_tune.redaction import redact_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
                 logger.warning("W&B: %s, so this run logs offline under %s/wandb; sync it later with "
                                "`wandb sync %s/wandb/offline-run-*`", why, run_dir, run_dir)
     if "mlflow" in targets or "all" in targets:
-        os.environ.setdefault("MLFLOW_TRACKING_URI", (run_dir / "mlruns").resolve().as_uri())
+        os.environ.setdefault("MLFLOW_TRACKING_URI", (run_dir / run_folder.MLFLOW_DIR).resolve().as_uri())
         if tracking.project:
             os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", tracking.project)
         if tracking.name:
@@ -140,7 +142,7 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
 def wandb_run_id(run_dir: Path) -> str:
     """One W&B run per run folder, kept in ``run_dir/wandb_run_id``: a resumed run continues it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    id_file = run_dir / "wandb_run_id"
+    id_file = run_dir / run_folder.WANDB_RUN_ID
     if not id_file.is_file():
         # every rank gets here at once: the first id linked into place wins, and no rank reads a half-written file
         staged = id_file.with_name(f".wandb_run_id.{os.getpid()}")

@@ -9,11 +9,17 @@ import torch
 from transformers import Trainer, TrainingArguments
 from typing_extensions import override
 
+from hf_tune.checkpoints import CheckpointMarker, NonFiniteLoss, last_complete_checkpoint
+from hf_tune.data import build_collator, causal_lm_loss
 from hf_tune.errors import HfTuneError
+from hf_tune.evaluation import build_callbacks, build_compute_metrics
+from hf_tune.model.attention import loaded_attn_implementation
+from hf_tune.model.loading import model_class
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
-from hf_tune.recipe.loading import Recipe
-from hf_tune.recipe.schema import OptimSection
+from hf_tune.recipe.schema import OptimSection, Recipe
+from hf_tune.tasks import task_of
 from hf_tune.throughput import Throughput
+from hf_tune.tracking import RecipeToTrackers
 
 
 class HfTuneTrainer(Trainer):
@@ -25,13 +31,15 @@ class HfTuneTrainer(Trainer):
     MFU, peak memory: see ``hf_tune.throughput``), and eval perplexity for causal LMs.
     """
 
-    def __init__(self, *args, optim: OptimSection | None = None, report_perplexity: bool = False, **kwargs):
+    def __init__(self, *args, optim: OptimSection | None = None, causal: bool = False, **kwargs):
+        """``causal``: next-token training (the task's), which adds eval perplexity and counts attention FLOPs."""
         super().__init__(*args, **kwargs)
         self.optim = optim or OptimSection()
-        self.report_perplexity = report_perplexity
-        self.throughput = Throughput(causal=report_perplexity)
+        self.causal = causal
+        self.throughput = Throughput(causal=causal)
         self.add_callback(self.throughput)
 
+    @override
     def create_optimizer(self, model=None):
         if self.optimizer is None:  # rebuilt on every train() / search trial: nothing is consumed from the groups
             opt_model = self.model if model is None else model
@@ -43,10 +51,12 @@ class HfTuneTrainer(Trainer):
             self.optimizer = optimizer_cls(layerwise_param_groups(opt_model, infos), **kwargs)
         return super().create_optimizer(model)
 
+    @override
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.add(inputs)
         return super().training_step(model, inputs, num_items_in_batch)
 
+    @override
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if model.training:  # a training step: checked before backward (DeepSpeed steps its optimizer inside it)
@@ -62,8 +72,6 @@ class HfTuneTrainer(Trainer):
             else [0] if bad else []
         if not ranks:
             return
-        from hf_tune.checkpoints import NonFiniteLoss, last_complete_checkpoint
-
         value = loss.detach().float().mean().item()
         last = last_complete_checkpoint(Path(self.args.output_dir))
         raise NonFiniteLoss(
@@ -100,6 +108,7 @@ class HfTuneTrainer(Trainer):
             self.callback_handler.on_train_end(self.args, self.state, self.control)
             raise optuna.TrialPruned()
 
+    @override
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "learning_rate" in logs and self.optimizer is not None:
             # Trainer logs group 0's LR as applied at this step; every group follows the same schedule factor,
@@ -110,30 +119,28 @@ class HfTuneTrainer(Trainer):
                 logs["lr_max"] = logs["learning_rate"] * max(peaks) / peaks[0]
         if "loss" in logs or "train_runtime" in logs:  # a training log, or the end of training
             logs.update(self.throughput.metrics(self.accelerator, final="train_runtime" in logs))
-        if "eval_loss" in logs and self.report_perplexity:
+        if "eval_loss" in logs and self.causal:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
 
 
 def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
                   **kwargs) -> HfTuneTrainer:
-    from hf_tune.checkpoints import CheckpointMarker
-    from hf_tune.data import build_collator, causal_lm_loss
-    from hf_tune.evaluation import build_callbacks, build_compute_metrics
-    from hf_tune.modeling import model_class
-    from hf_tune.tracking import RecipeToTrackers
-
+    """The trainer of a recipe; ``model`` may be None when ``model_init`` is given (search). The collator follows the
+    attention the model runs, and without a model the one it will choose."""
+    task = task_of(recipe.model.task)
+    attention = loaded_attn_implementation(model) if model is not None else None
     return HfTuneTrainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        data_collator=build_collator(recipe, tokenizer, model_class(recipe, model)),
-        compute_loss_func=causal_lm_loss if recipe.model.task == "causal_lm" else None,
+        data_collator=build_collator(recipe, tokenizer, model_class(recipe, model), attn_implementation=attention),
+        compute_loss_func=causal_lm_loss if task.causal else None,
         compute_metrics=build_compute_metrics(recipe.evaluation),
         callbacks=[CheckpointMarker(), RecipeToTrackers(recipe), *build_callbacks(recipe.evaluation)],
         optim=recipe.optim,
-        report_perplexity=recipe.model.task == "causal_lm",
+        causal=task.causal,
         **kwargs,
     )

@@ -9,7 +9,8 @@ from transformers import TrainingArguments
 
 from hf_tune.ds_config import load_deepspeed_config
 from hf_tune.errors import RecipeError
-from hf_tune.recipe.loading import Recipe
+from hf_tune.optim.schedule import resolve_schedule
+from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
 
 
@@ -19,7 +20,7 @@ def accelerator_available() -> bool:
 
 def training_kwargs(recipe: Recipe) -> dict:
     """The recipe's ``training`` keys plus what hf_tune fills in when the recipe is silent."""
-    kwargs = dict(recipe.training)
+    kwargs = resolve_schedule(recipe.training, recipe.optim)  # a no-op for a recipe from load_recipe
     if "use_cpu" not in kwargs and not accelerator_available():
         kwargs["use_cpu"] = True  # without it, a CPU run under torchrun trains each rank alone
     if kwargs.get("deepspeed"):  # the JSON itself: the recipe keeps the short name (zero3) or path it was given

@@ -18,7 +18,7 @@ SMOLLM2 = "embedded:SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="session")
 def smol_dir() -> str:
-    from hf_tune.embedded import embedded_model_path
+    from hf_tune.model.embedded import embedded_model_path
 
     return embedded_model_path(SMOLLM2)
 

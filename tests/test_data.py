@@ -184,8 +184,8 @@ def test_a_changed_tokenizer_never_reuses_a_stale_tokenization_cache(tmp_path, s
 def test_a_recipe_chat_template_is_used_when_the_tokenizer_has_none(tmp_path, tiny_llama_dir, smol_tokenizer):
     import copy
 
-    from hf_tune.modeling import build_tokenizer
-    from hf_tune.recipe import load_recipe
+    from hf_tune.model.loading import build_tokenizer
+    from hf_tune import load_recipe
 
     bare = copy.deepcopy(smol_tokenizer)
     bare.chat_template = None
@@ -213,7 +213,7 @@ def test_data_seed_is_training_data_seed_zero_included_else_seed(tmp_path, tiny_
     from datasets import Dataset
 
     from hf_tune.data import build_datasets, data_seed
-    from hf_tune.recipe import load_recipe
+    from hf_tune import load_recipe
 
     rows = [{"text": f"example number {i}"} for i in range(40)]
     path = write_jsonl(tmp_path / "d.jsonl", rows)

@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import DATA
 from hf_tune import build_model_and_tokenizer, load_recipe
-from hf_tune.dropout import FastDropout
+from hf_tune.model.dropout import FastDropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5])

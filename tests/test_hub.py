@@ -20,7 +20,7 @@ from huggingface_hub import constants
 from conftest import REPO, SMOLLM2, chat_recipe
 from fake_hub import FakeHub
 from hf_tune import load_recipe, train
-from hf_tune.embedded import EMBEDDED_MODELS, locate_embedded
+from hf_tune.model.embedded import EMBEDDED_MODELS, locate_embedded
 from hf_tune.errors import HfTuneError
 from hf_tune.hub import push
 from hf_tune.model_card import base_model_id
@@ -257,7 +257,7 @@ def test_merge_of_a_smollm2_lora_run_matches_base_plus_adapter(tmp_path, hub):
     from peft import AutoPeftModelForCausalLM, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_tune.embedded import embedded_model_path
+    from hf_tune.model.embedded import embedded_model_path
 
     raw = chat_recipe(SMOLLM2, tmp_path / "run", max_steps=3, learning_rate=5e-3)
     raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj", "o_proj"]}

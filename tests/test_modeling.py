@@ -10,7 +10,7 @@ import torch
 
 from conftest import DATA, SMOLLM2
 from hf_tune import build_model_and_tokenizer, load_recipe
-from hf_tune.embedded import embedded_model_path
+from hf_tune.model.embedded import embedded_model_path
 
 
 def recipe_for(model: str, **model_keys) -> dict:

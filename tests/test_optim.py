@@ -17,7 +17,7 @@ from transformers import (BertConfig, BertForSequenceClassification, GPT2Config,
 
 from conftest import DATA, chat_recipe, free_port
 from hf_tune.errors import HfTuneError
-from hf_tune.recipe import load_recipe
+from hf_tune import load_recipe
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer import HfTuneTrainer
 
@@ -135,7 +135,7 @@ class RecordLr(TrainerCallback):
 
 def run_tiny_llrd(tiny_llama_dir, out, recorder, max_steps, accumulation=1, resume=None, save_steps=None):
     from hf_tune.data import build_datasets
-    from hf_tune.modeling import build_model_and_tokenizer
+    from hf_tune.model.loading import build_model_and_tokenizer
     from hf_tune.trainer import build_trainer
     from hf_tune.training_args import build_training_arguments
 

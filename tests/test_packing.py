@@ -172,7 +172,7 @@ def test_sdpa_varlen_runs_each_flattened_example_apart_forward_and_backward(tiny
     on 2 key-value heads)."""
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.attention import NAME
+    from hf_tune.model.attention import NAME
     from hf_tune.data.packing import CausalLMCollator, causal_lm_loss
 
     examples = make_examples(LENGTHS, seed=2)
@@ -210,7 +210,7 @@ def test_sdpa_varlen_is_plain_sdpa_on_padded_batches(tiny_llama_dir, smol_tokeni
     transformers' SDPA with its padding mask: the same logits at every real position."""
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.attention import NAME
+    from hf_tune.model.attention import NAME
     from hf_tune.data.packing import CausalLMCollator
 
     batch = CausalLMCollator(smol_tokenizer, padding_free=False, trainable_logits_only=False)(
@@ -256,7 +256,7 @@ def test_sdpa_varlen_keeps_a_sliding_window_exact(tmp_path, smol_tokenizer, wind
     transformers' SDPA with its windowed block mask)."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-    from hf_tune.attention import NAME
+    from hf_tune.model.attention import NAME
     from hf_tune.data.packing import CausalLMCollator
 
     torch.manual_seed(0)

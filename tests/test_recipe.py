@@ -9,7 +9,8 @@ import yaml
 
 from conftest import DATA, REPO, run_cli, write_recipe
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.recipe import apply_overrides, load_recipe, redact_secrets
+from hf_tune import load_recipe
+from hf_tune.recipe import apply_overrides, redact_secrets
 
 GOOD = {
     "model": {"pretrained_model_name_or_path": "embedded:SmolLM2-135M-Instruct"},

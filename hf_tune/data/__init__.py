@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from datasets import Dataset
 from transformers import DataCollatorWithPadding
 
-from hf_tune.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
+from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
+from hf_tune.tasks import task_of
 from hf_tune.data.classification import label_names, tokenize_classification
 from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.packing import CausalLMCollator, causal_lm_loss, pack_by_token_budget
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset
-from hf_tune.recipe.loading import Recipe
+from hf_tune.recipe.schema import Recipe
 
-__all__ = ["IGNORE_INDEX", "build_collator", "build_datasets", "causal_lm_loss", "data_seed", "dataset_labels",
-           "supports_padding_free", "tokenize"]
+__all__ = ["IGNORE_INDEX", "TrainingData", "build_collator", "build_datasets", "build_training_data",
+           "causal_lm_loss", "data_seed", "dataset_labels", "supports_padding_free", "tokenize"]
 
 
 def data_seed(recipe: Recipe) -> int:
@@ -37,32 +39,53 @@ def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str
     return tokenize_dataset(raw, tokenizer, recipe.data, key)
 
 
-def build_datasets(recipe: Recipe, tokenizer, training_args=None) -> tuple[Dataset, Dataset | None]:
-    """Tokenized train and eval datasets; with ``data.batch_tokens`` the training examples are grouped into packs.
-    Under a distributed launcher the main process tokenizes first and the others read its cache."""
+@dataclasses.dataclass
+class TrainingData:
+    """Tokenized train and eval datasets, and the class names of a classification recipe (None otherwise)."""
 
-    def build():
-        raw_train, raw_eval = load_raw_datasets(recipe.data, data_seed(recipe))
-        labels = dataset_labels(recipe)
-        train = tokenize(recipe, tokenizer, raw_train, "data.train", labels)
-        if recipe.data.batch_tokens:
-            train = pack_by_token_budget(train, recipe.data.batch_tokens, data_seed(recipe))
-        evaluation = tokenize(recipe, tokenizer, raw_eval, "data.eval", labels) if raw_eval is not None else None
-        return train, evaluation
+    train: Dataset
+    eval: Dataset | None
+    labels: list[str] | None
 
+
+def build_training_data(recipe: Recipe, tokenizer, training_args=None) -> TrainingData:
+    """Load the training source once (the class names come from it), split or load the eval data, tokenize both;
+    with ``data.batch_tokens`` the training examples are grouped into packs. Under a distributed launcher the main
+    process does it first and the others read its cache."""
     if training_args is None:
-        return build()
+        return _build_training_data(recipe, tokenizer)
     with training_args.main_process_first(desc="tokenizing datasets"):
-        return build()
+        return _build_training_data(recipe, tokenizer)
 
 
-def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None):
+def _build_training_data(recipe: Recipe, tokenizer) -> TrainingData:
+    source = load_source(recipe.data.train, "data.train", recipe.data.format)
+    labels = label_names(source) if recipe.data.format == "classification" else None
+    raw_train, raw_eval = load_raw_datasets(recipe.data, data_seed(recipe), train=source)
+    train = tokenize(recipe, tokenizer, raw_train, "data.train", labels)
+    if recipe.data.batch_tokens:
+        train = pack_by_token_budget(train, recipe.data.batch_tokens, data_seed(recipe))
+    evaluation = tokenize(recipe, tokenizer, raw_eval, "data.eval", labels) if raw_eval is not None else None
+    return TrainingData(train, evaluation, labels)
+
+
+def build_datasets(recipe: Recipe, tokenizer, training_args=None) -> tuple[Dataset, Dataset | None]:
+    """Tokenized (train, eval) datasets: ``build_training_data`` without the class names."""
+    data = build_training_data(recipe, tokenizer, training_args)
+    return data.train, data.eval
+
+
+def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
+                   attn_implementation: str | None = None):
     """Classification: padded to the longest in the batch. Causal LM: padding-free when ``data.padding_free`` says so
     (default: where ``model_class`` supports it and it saves compute, see below), with the trained-positions mask when ``model.logits_to_keep:
-    trained`` and the model's forward takes ``logits_to_keep``."""
-    if recipe.data.format == "classification":
+    trained`` and the model's forward takes ``logits_to_keep``. ``attn_implementation``: what the built model
+    runs (it decides once, when it loads); without a model, what it will choose."""
+    causal = task_of(recipe.model.task).causal
+    if not causal:
         return DataCollatorWithPadding(tokenizer)
-    attention = recipe.model.attn_implementation or default_attn_implementation(recipe.model.task, model_class)
+    attention = attn_implementation or recipe.model.attn_implementation or default_attn_implementation(
+        causal, model_class)
     apart = runs_examples_apart(attention)
     padding_free = recipe.data.padding_free
     if padding_free is None:

@@ -12,7 +12,7 @@ from datasets import Dataset, load_dataset
 
 from hf_tune.data.validation import check_examples
 from hf_tune.errors import RecipeError, describe_exception
-from hf_tune.recipe.loading import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS
+from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS
 from hf_tune.recipe.schema import DataSection, DatasetSource
 
 _LOAD_FIX = "use a local file (path: data/train.jsonl) or a Hub dataset already in the local cache"
@@ -42,10 +42,11 @@ def load_source(source: DatasetSource, key: str, format: str | None = None) -> D
     return dataset
 
 
-def load_raw_datasets(data: DataSection, seed: int) -> tuple[Dataset, Dataset | None]:
+def load_raw_datasets(data: DataSection, seed: int, train: Dataset | None = None) -> tuple[Dataset, Dataset | None]:
     """Train and eval examples, checked against ``data.format``; ``eval_split`` holds out a seeded fraction of
-    train (after the check, so a bad example is named by its place in the file)."""
-    train = load_source(data.train, "data.train", data.format)
+    train (after the check, so a bad example is named by its place in the file). ``train``: the training source,
+    when the caller has loaded it already."""
+    train = train if train is not None else load_source(data.train, "data.train", data.format)
     if data.eval is not None:
         return train, load_source(data.eval, "data.eval", data.format)
     if data.eval_split:

@@ -14,6 +14,9 @@ Sections:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -36,14 +39,14 @@ class ModelSection(_Section):
     attn_implementation: str | None = Field(
         default=None, description="from_pretrained's: eager | sdpa | flash_attention_2 | ..., or hf_tune's sdpa_varlen "
                                   "(default for causal LMs on transformers' attention interface: SDPA that runs each "
-                                  "example of a flattened row apart, so packs need no padding; hf_tune.attention)")
+                                  "example of a flattened row apart, so packs need no padding; hf_tune.model.attention)")
     trust_remote_code: bool = False
     num_labels: PositiveInt | None = None
     logits_to_keep: Literal["trained", "all"] = Field(
         default="trained", description="causal LM training: project onto the vocabulary only the positions whose next "
                                        "token is trained (same loss, less compute and memory), or all positions")
     fast_lora_dropout: bool = Field(
-        default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.dropout: same "
+        default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.model.dropout: same "
                                   "dropout, p rounded to 1/65536, ~3x less time than nn.Dropout forward + backward); "
                                   "false keeps PEFT's nn.Dropout")
 
@@ -169,3 +172,38 @@ class SearchSection(_Section):
 
 
 SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking")
+
+
+@dataclasses.dataclass
+class Recipe:
+    """A validated recipe. ``training`` and ``lora`` hold upstream keyword arguments, verbatim."""
+
+    model: ModelSection
+    data: DataSection
+    training: dict[str, Any]
+    lora: dict[str, Any] | None = None
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    evaluation: EvaluationSection = dataclasses.field(default_factory=EvaluationSection)
+    hub: HubSection = dataclasses.field(default_factory=HubSection)
+    search: SearchSection | None = None
+    tracking: TrackingSection = dataclasses.field(default_factory=TrackingSection)
+    source: Path | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.training["output_dir"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what ``hf-tune validate`` prints and each run folder keeps)."""
+        resolved = {
+            "model": self.model.model_dump(exclude_none=True),
+            "lora": copy.deepcopy(self.lora),
+            "data": self.data.model_dump(exclude_none=True),
+            "training": copy.deepcopy(self.training),
+            "optim": self.optim.model_dump(exclude_none=True),
+            "evaluation": self.evaluation.model_dump(exclude_none=True),
+            "hub": self.hub.model_dump(exclude_none=True),
+            "search": self.search.model_dump(exclude_none=True) if self.search else None,
+            "tracking": self.tracking.model_dump(exclude_none=True),
+        }
+        return {k: v for k, v in resolved.items() if v is not None}

@@ -1,11 +1,33 @@
 """Hyperparameter search from the recipe's ``search`` section (Optuna): ``search(recipe)`` in a notebook,
 ``python -m hf_tune.search RECIPE`` under any launcher, ``hf-tune search RECIPE`` from the shell.
 
-``hf_tune.search`` is the function: ``hf_tune/__init__.py`` imports it after this package, so running the package's
+storage.py opens the study's storage, sampling.py turns the space into Optuna samplers and trial recipes,
+trials.py runs the trials (under DDP too), summary.py writes the trials table, best recipe and plots.
+
+``hf_tune.search`` is the function: ``hf_tune/__init__.py`` imports it from this package, so running the package's
 ``__main__`` never replaces it (a submodule is bound to its parent only when the parent package is first imported).
+This module stays light (Optuna loads with the first search), so ``import hf_tune`` does too.
 """
 
-from hf_tune.search.summary import format_summary
-from hf_tune.search.trials import search
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hf_tune.recipe.schema import Recipe
 
 __all__ = ["format_summary", "search"]
+
+
+def search(recipe: Recipe) -> dict:
+    """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder."""
+    from hf_tune.search.trials import search as run_search
+
+    return run_search(recipe)
+
+
+def format_summary(result: dict) -> str:
+    """The study's trials and best trial, as printed by ``hf-tune search``."""
+    from hf_tune.search.summary import format_summary as summary_text
+
+    return summary_text(result)

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import logging
 import sys
+
+from hf_tune.preflight import load_recipe
+from hf_tune.run import configure_logging, parser, user_errors
+from hf_tune.search import format_summary, search
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hf_tune.search import format_summary, search
-    from hf_tune.recipe import load_recipe
-    from hf_tune.run import parser, user_errors
-
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     with user_errors(args.debug):
         result = search(load_recipe(args.recipe, args.overrides))
     if result:

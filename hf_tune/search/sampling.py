@@ -10,7 +10,9 @@ import optuna
 
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.checks import search_metrics
-from hf_tune.recipe.loading import Recipe, apply_values, validate_recipe
+from hf_tune.recipe.overrides import apply_values
+from hf_tune.recipe.schema import Recipe
+from hf_tune.recipe.validation import validate_recipe
 from hf_tune.recipe.schema import Distribution, SearchSection
 
 logger = logging.getLogger(__name__)

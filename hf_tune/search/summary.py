@@ -13,7 +13,8 @@ import optuna
 import yaml
 
 from hf_tune.errors import HfTuneError
-from hf_tune.recipe.loading import Recipe, redact_secrets
+from hf_tune.recipe.schema import Recipe
+from hf_tune.redaction import redact_secrets
 from hf_tune.search.sampling import trial_recipe, typed
 
 logger = logging.getLogger(__name__)

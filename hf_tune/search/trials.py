@@ -18,10 +18,11 @@ from typing import Any
 
 import optuna
 
+from hf_tune.build import Run, build_run
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.model import build_model
 from hf_tune.recipe.checks import search_metrics
-from hf_tune.recipe.loading import Recipe
-from hf_tune.recipe.schema import SearchSection
+from hf_tune.recipe.schema import Recipe, SearchSection
 from hf_tune.search.sampling import directions_for, make_pruner, make_sampler, suggest, trial_recipe, typed
 from hf_tune.search.storage import make_storage
 from hf_tune.search.summary import summarize
@@ -31,19 +32,14 @@ logger = logging.getLogger(__name__)
 
 def search(recipe: Recipe) -> dict:
     """Run (or continue) the study; write trials.csv, plots, best_recipe.yaml into the study folder."""
-    from hf_tune.trainer import build_trainer
-
     if recipe.search is None:
         raise RecipeError("search", "the recipe has no search section", fix="add search.space (see the README)")
     spec = recipe.search
     study_dir = Path(spec.output_dir or recipe.training["output_dir"])
     study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
     base = base_recipe(recipe, study_dir)
-    inputs = build_study_inputs(base)
-    hooks = TrialHooks(base, spec, inputs)
-    trainer = build_trainer(base, None, inputs.tokenizer, inputs.train_dataset, inputs.eval_dataset, inputs.args,
-                            model_init=hooks.model_init)
-    hooks.trainer = trainer
+    hooks = TrialHooks(base, spec)
+    trainer = build_run(base, trial_hooks=hooks).trainer  # each trial builds only its model
     record_trial_errors(trainer)
     # only the main process talks to Optuna; the other ranks train the trial it broadcasts
     storage = make_storage(spec, study_dir) if trainer.is_world_process_zero() else None
@@ -65,59 +61,37 @@ def base_recipe(recipe: Recipe, study_dir: Path) -> Recipe:
     return dataclasses.replace(recipe, training=training, search=None)
 
 
-@dataclasses.dataclass
-class StudyInputs:
-    """What every trial of a study shares, built once."""
-
-    args: Any  # TrainingArguments
-    tokenizer: Any
-    labels: Any
-    train_dataset: Any
-    eval_dataset: Any
-
-
-def build_study_inputs(base: Recipe) -> StudyInputs:
-    """TrainingArguments, tokenizer, labels and datasets for the study, in this order (the datasets need the
-    arguments and the tokenizer). Each trial builds only its model."""
-    from hf_tune.data import build_datasets, dataset_labels
-    from hf_tune.distributed import fit_cpu_threads
-    from hf_tune.modeling import build_tokenizer
-    from hf_tune.training_args import build_training_arguments
-
-    args = build_training_arguments(base)
-    fit_cpu_threads(args)
-    tokenizer = build_tokenizer(base)
-    labels = dataset_labels(base)
-    train_dataset, eval_dataset = build_datasets(base, tokenizer, args)
-    return StudyInputs(args, tokenizer, labels, train_dataset, eval_dataset)
-
-
 class TrialHooks:
     """The functions Trainer's search calls for each trial: ``model_init`` (Trainer calls it before ``hp_space``, so
     it samples the trial's values itself), ``hp_space`` and ``compute_objective``."""
 
-    def __init__(self, base: Recipe, spec: SearchSection, inputs: StudyInputs):
-        self.base, self.spec, self.inputs = base, spec, inputs
+    def __init__(self, base: Recipe, spec: SearchSection):
+        self.base, self.spec = base, spec
         self.metrics = search_metrics(spec)
-        self.trainer: Any = None  # set once built: the trainer is built with model_init
+        self.run: Run | None = None  # attached by build_run, before the trainer (which calls model_init) exists
+
+    def attach(self, run: Run) -> None:
+        self.run = run
+
+    @property
+    def trainer(self):
+        return self.run.trainer
 
     def sample(self, trial) -> dict[str, Any]:  # Optuna returns the same value when a trial suggests a key again
         return {key: typed(dist, suggest(trial, key, dist)) for key, dist in self.spec.space.items()}
 
     def model_init(self, trial=None):
-        from hf_tune.modeling import build_model
-
         current = self.base
         if trial is not None:
             if trial.number >= self.spec.n_trials:  # every rank holds the number: rank 0's trial, the others' copy
                 raise SurplusTrial(trial.number, self.spec.n_trials)
             values = self.sample(trial)
-            args = self.inputs.args
+            args = self.run.args
             logger.info("rank %d of %d: trial %s with %s", args.process_index, args.world_size, trial.number,
                         values)
             current = trial_recipe(self.base, values)
             self.trainer.optim = current.optim  # the groups of this trial's optimizer
-        model = build_model(current, self.inputs.tokenizer, self.inputs.labels)
+        model = build_model(current, self.run.tokenizer, self.run.data.labels)
         if trial is not None and hasattr(trial, "set_user_attr"):
             trial.set_user_attr("trainable_params", trainable_params(model))
         return model

@@ -18,11 +18,16 @@ than its longest example, or a softcap, it is transformers' own SDPA attention w
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import AttentionInterface, AttentionMaskInterface
 
 NAME = "sdpa_varlen"
+# Upstream's SDPA attention and mask functions, from transformers' registries (not from their module paths).
+sdpa_attention_forward = AttentionInterface()["sdpa"]
+sdpa_mask = AttentionMaskInterface()["sdpa"]
+# The keyword arguments whose meaning sdpa_varlen knows: any other one that carries a value (a softcap, a position
+# bias, attention sinks, a kwarg a future model adds) sends the call to upstream SDPA, which handles it or refuses.
+UNDERSTOOD_KWARGS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids",
+                               "use_cache", "sliding_window", "is_causal", "output_attentions"})
 
 
 def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -50,12 +55,16 @@ def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, 
 
 
 def _is_flattened_self_attention(module, query, key, starts, longest, kwargs) -> bool:
-    """A flattened training row: one row, example boundaries given, causal self-attention, no softcap, and no
-    sliding window shorter than the longest example (a window at least that long masks nothing more than causal)."""
+    """A flattened training row: one row, example boundaries given, causal self-attention, only keyword arguments
+    it understands, and no sliding window shorter than the longest example (a window at least that long masks
+    nothing more than causal)."""
+    if any(value is not None and name not in UNDERSTOOD_KWARGS for name, value in kwargs.items()):
+        return False
+    if kwargs.get("output_attentions") or kwargs.get("is_causal") is False:
+        return False
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)  # Mistral passes it as kwarg
     return (starts is not None and query.shape[0] == 1 and query.shape[2] == key.shape[2]
-            and getattr(module, "is_causal", True) and kwargs.get("softcap") is None
-            and kwargs.get("position_bias") is None
+            and getattr(module, "is_causal", True)
             and (window is None or (longest is not None and int(longest) <= window)))
 
 
@@ -80,9 +89,15 @@ def supports_padding_free(model_class: type) -> bool:
     return bool(getattr(model_class, "_supports_attention_backend", False))
 
 
-def default_attn_implementation(task: str, model_class: type | None) -> str | None:
+def default_attn_implementation(causal: bool, model_class: type | None) -> str | None:
     """``sdpa_varlen`` for causal LMs on transformers' attention interface, else None (transformers chooses)."""
-    return NAME if task == "causal_lm" and model_class is not None and supports_padding_free(model_class) else None
+    return NAME if causal and model_class is not None and supports_padding_free(model_class) else None
+
+
+def loaded_attn_implementation(model) -> str | None:
+    """The attention implementation a built model actually runs (PEFT-wrapped or not)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base.config, "_attn_implementation", None)
 
 
 def runs_examples_apart(attn_implementation: str | None) -> bool:

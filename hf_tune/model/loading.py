@@ -5,19 +5,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoTokenizer
 
-from hf_tune.attention import NAME as SDPA_VARLEN, default_attn_implementation
-from hf_tune.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
 from hf_tune.errors import RecipeError, stage_errors
-from hf_tune.hub import hub_is_reachable
-from hf_tune.recipe.loading import OFFLINE_MODEL_FIX, Recipe
+from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
+from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
+from hf_tune.network import hub_is_reachable
+from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
+from hf_tune.sources import OFFLINE_MODEL_FIX
+from hf_tune.tasks import task_of
 
 logger = logging.getLogger(__name__)
-
-MODEL_CLASSES = {"causal_lm": AutoModelForCausalLM, "sequence_classification": AutoModelForSequenceClassification}
-PEFT_TASK_TYPES = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS"}
 
 
 def resolve_model_path(name: str) -> str:
@@ -45,14 +44,15 @@ def build_tokenizer(recipe: Recipe):
 def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None):
     """The base model, wrapped by PEFT when the recipe has a ``lora`` section. ``labels``: class names of a
     classification recipe (default: read from its training data), stored in the config as id2label / label2id."""
-    m = recipe.model
+    m, task = recipe.model, task_of(recipe.model.task)
     path = resolve_model_path(m.pretrained_model_name_or_path)
     kwargs = {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
               "dtype": m.dtype, "attn_implementation": m.attn_implementation, "num_labels": m.num_labels}
-    if m.task == "sequence_classification":  # the recipe checks pair it with format: classification
-        from hf_tune.data import dataset_labels
+    if task.class_labels:
+        if labels is None:  # called alone (a notebook): read them from the data; build_run passes them
+            from hf_tune.data import dataset_labels
 
-        labels = labels or dataset_labels(recipe)
+            labels = dataset_labels(recipe)
         if m.num_labels is not None and m.num_labels != len(labels):
             raise RecipeError("model.num_labels", f"is {m.num_labels} but data.train has {len(labels)} classes "
                               f"({labels[:10]})", fix="remove model.num_labels: it is read from the data")
@@ -60,10 +60,11 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
                       label2id={name: i for i, name in enumerate(labels)})
     with stage_errors(_blame_model_key(recipe), "building the model"):
         given = {k: v for k, v in kwargs.items() if v is not None}
-        model = _from_pretrained(MODEL_CLASSES[m.task], path, recipe, **given)
+        model = _from_pretrained(task.model_class, path, recipe, **given)
         drop_gguf_quantizer(model)
+        # The one place the attention is decided; the collator reads the model's choice (loaded_attn_implementation)
         if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
-                and default_attn_implementation(m.task, type(model)) == SDPA_VARLEN):
+                and default_attn_implementation(task.causal, type(model)) == SDPA_VARLEN):
             model.set_attn_implementation(SDPA_VARLEN)  # transformers' SDPA, but flattened examples attend apart
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
@@ -79,7 +80,8 @@ def wrap_lora(model, recipe: Recipe):
         model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
     with stage_errors(lambda message: blame_key("lora", recipe.lora, message), "wrapping the model with PEFT"):
         try:
-            model = get_peft_model(model, LoraConfig(task_type=PEFT_TASK_TYPES[recipe.model.task], **recipe.lora))
+            model = get_peft_model(model, LoraConfig(task_type=task_of(recipe.model.task).peft_task_type,
+                                                      **recipe.lora))
         except ValueError as err:
             if not _matches_no_module(err):
                 raise
@@ -88,10 +90,10 @@ def wrap_lora(model, recipe: Recipe):
                               f"the model; its linear modules are: {', '.join(names)}", fix=f"name some of them "
                               f"(e.g. lora.target_modules=[{', '.join(names[:2])}]), or all-linear") from err
     if recipe.model.fast_lora_dropout:
-        from hf_tune.dropout import use_fast_lora_dropout
+        from hf_tune.model.dropout import use_fast_lora_dropout
 
         swapped = use_fast_lora_dropout(model)
-        logger.info("LoRA dropout: hf_tune.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
+        logger.info("LoRA dropout: hf_tune.model.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
     return model
 
 
@@ -123,7 +125,7 @@ def model_class(recipe: Recipe, model=None) -> type:
     m = recipe.model
     config = _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
                               revision=m.revision, gguf_file=m.gguf_file, trust_remote_code=m.trust_remote_code)
-    return MODEL_CLASSES[m.task]._model_mapping[type(config)]
+    return task_of(m.task).model_class._model_mapping[type(config)]
 
 
 def build_model_and_tokenizer(recipe: Recipe):

@@ -1,0 +1,60 @@
+"""One build path: recipe -> ``Run`` (training arguments, tokenizer, data, model, trainer), used by ``train``,
+``plan``, ``cv`` and ``search`` alike, so they cannot drift apart.
+
+The order matters: the training arguments come first (under a CPU DeepSpeed launch they start the process group
+that ZeRO-3's model loading needs) and the launch is checked before anything heavy; the data is loaded once, by the
+main process first, and gives the class names to the model; the seed is set right before the model is built, so its
+freshly initialised weights (classification heads, LoRA) are the same in every run with that seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from transformers import TrainingArguments, set_seed
+
+from hf_tune.data import TrainingData, build_training_data
+from hf_tune.distributed import check_distributed, fit_cpu_threads
+from hf_tune.errors import stage_errors
+from hf_tune.model import build_model, build_tokenizer
+from hf_tune.recipe.schema import Recipe
+from hf_tune.recipe.upstream import blame_key
+from hf_tune.trainer import HfTuneTrainer, build_trainer
+from hf_tune.training_args import build_training_arguments
+
+
+@dataclasses.dataclass
+class Run:
+    recipe: Recipe
+    args: TrainingArguments
+    tokenizer: Any
+    data: TrainingData
+    model: Any | None  # None when the trainer builds one per trial (search)
+    trainer: HfTuneTrainer | None = None
+
+
+def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: TrainingData | None = None,
+              trial_hooks=None) -> Run:
+    """Everything a run needs, built in order. ``args``: the recipe's training arguments, when the caller needed
+    them first (``train`` decides where to resume before building the rest); ``data``: datasets already built (the
+    folds of cross-validation); ``trial_hooks``: a search's hooks (``attach(run)``, ``model_init``): no model is
+    built now, the trainer calls ``model_init`` for each trial."""
+    if args is None:
+        args = build_training_arguments(recipe)
+    check_distributed(args)
+    fit_cpu_threads(args)
+    tokenizer = build_tokenizer(recipe)
+    if data is None:
+        data = build_training_data(recipe, tokenizer, args)
+    run = Run(recipe, args, tokenizer, data, model=None)
+    extra = {}
+    if trial_hooks is None:
+        set_seed(args.seed)
+        run.model = build_model(recipe, tokenizer, data.labels)
+    else:
+        trial_hooks.attach(run)  # model_init builds each trial's model from the run's tokenizer and labels
+        extra["model_init"] = trial_hooks.model_init
+    with stage_errors(lambda message: blame_key("training", recipe.training, message), "building the Trainer"):
+        run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args, **extra)
+    return run

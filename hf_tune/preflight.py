@@ -1,0 +1,110 @@
+"""Checks that ask a builder: is the model there (the Hub, the local cache, an embedded package), does
+``TrainingArguments`` accept the section, do the FSDP wrap classes exist in the model, can a push reach the Hub.
+They run after the pure recipe validation and report every problem they find at once.
+
+``load_recipe`` is what users call: read and validate (``hf_tune.recipe``), resolve the schedule, then preflight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Callable
+
+from hf_tune.model.embedded import is_embedded, locate_embedded
+from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.network import hub_is_reachable
+from hf_tune.optim.schedule import resolve_schedule
+from hf_tune.recipe import Recipe, read_recipe
+from hf_tune.model.loading import model_class
+from hf_tune.recipe.upstream import did_you_mean
+from hf_tune.sources import OFFLINE_MODEL_FIX, looks_like_local_path
+from hf_tune.training_args import build_training_arguments
+
+
+def load_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe (a YAML path or a dict), apply ``section.key=value`` overrides, validate every section, and
+    run the preflight checks: everything that can fail before the first step fails here."""
+    recipe = read_recipe(recipe, overrides)
+    recipe = dataclasses.replace(recipe, training=resolve_schedule(recipe.training, recipe.optim))
+    preflight(recipe)
+    return recipe
+
+
+def preflight(recipe: Recipe) -> None:
+    """Run every check; one problem is raised as it is, several as one report."""
+    problems: list[HfTuneError] = []
+    for check in CHECKS:
+        try:
+            check(recipe)
+        except HfTuneError as err:
+            problems.append(err)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise HfTuneError(f"{len(problems)} problems in the recipe:\n" + "\n".join(f"- {p}" for p in problems))
+
+
+def _check_model_source(recipe: Recipe) -> None:
+    name, m = recipe.model.pretrained_model_name_or_path, recipe.model
+    if is_embedded(name):
+        locate_embedded(name)
+    elif not looks_like_local_path(name) and not m.gguf_file and not _available_offline(name, m.revision):
+        raise RecipeError("model.pretrained_model_name_or_path", f"the Hub is unreachable and {name!r} is not in "
+                          "the local Hub cache", fix=OFFLINE_MODEL_FIX)
+
+
+def _available_offline(repo_id: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return os.path.isdir(repo_id) or hub_is_reachable() or isinstance(cached, str)
+
+
+def _check_push(recipe: Recipe) -> None:
+    """A push at the end of hours of training must not be the first contact with the Hub."""
+    if not recipe.training.get("push_to_hub"):
+        return
+    from huggingface_hub import constants, get_token
+
+    if not get_token():
+        raise RecipeError("training.push_to_hub", "asks for a push, but no Hugging Face token is configured",
+                          fix="export HF_TOKEN=... (or `hf auth login`), or set training.push_to_hub: false and push "
+                          "later with `hf-tune push RUN_DIR --repo-id OWNER/NAME`")
+    if not hub_is_reachable():
+        raise RecipeError("training.push_to_hub", f"asks for a push, but the Hub ({constants.ENDPOINT}) cannot be "
+                          "reached (offline, or HF_HUB_OFFLINE is set)",
+                          fix="set training.push_to_hub: false and push later with `hf-tune push RUN_DIR --repo-id "
+                          "OWNER/NAME` from a machine online")
+
+
+def _check_fsdp(recipe: Recipe) -> None:
+    """``training.fsdp_config.transformer_layer_cls_to_wrap`` must name block classes of the recipe's model (a typo
+    otherwise fails on the cluster, after the model has loaded)."""
+    training = recipe.training
+    config = training.get("fsdp_config") or {}
+    if not training.get("fsdp") or not isinstance(config, dict):
+        return
+    key = next((k for k in ("transformer_layer_cls_to_wrap", "fsdp_transformer_layer_cls_to_wrap") if k in config),
+               None)
+    if key is None:
+        return
+    from torch import nn
+
+    cls = model_class(recipe)
+    module = sys.modules[cls.__module__]
+    blocks = {name for name, obj in vars(module).items() if isinstance(obj, type) and issubclass(obj, nn.Module)}
+    for name in config[key] if isinstance(config[key], list) else [config[key]]:
+        if name not in blocks:
+            default = getattr(cls, "_no_split_modules", None) or sorted(blocks)
+            raise RecipeError(f"training.fsdp_config.{key}", f"{name!r} is not a module class of {cls.__name__}",
+                              fix=did_you_mean(name, sorted(blocks)) or f"use {default} (or remove the key: the "
+                              "model's own _no_split_modules are wrapped by default)")
+
+
+def _check_training_arguments(recipe: Recipe) -> None:
+    build_training_arguments(recipe)  # TrainingArguments' own cross-field checks, reported by recipe key
+
+
+CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_fsdp, _check_push, _check_training_arguments)

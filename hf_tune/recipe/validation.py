@@ -1,0 +1,137 @@
+"""A raw recipe (a dict) -> a validated ``Recipe``: every section against its schema or its upstream class, files
+that must exist, and the checks across sections. Pure: no network, no model, no process group."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.recipe.checks import check_consistency, check_search
+from hf_tune.recipe.overrides import apply_values
+from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
+                                   Recipe, SearchSection, TrackingSection)
+from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
+from hf_tune.redaction import refuse_secrets
+from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
+
+# Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
+_LORA_RESERVED = {"task_type": "it follows model.task; remove lora.task_type"}
+
+
+def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
+    refuse_secrets(raw)
+    for section in raw:
+        if section not in SECTIONS:
+            raise RecipeError(str(section), f"unknown section; a recipe has {', '.join(SECTIONS)}", fix=did_you_mean(str(section), SECTIONS))
+    for section in ("model", "data"):
+        if not raw.get(section):
+            raise RecipeError(section, "required section is missing")
+    model = _parse_section(ModelSection, raw["model"], "model")
+    data = _parse_section(DataSection, raw["data"], "data")
+    optim = _parse_section(OptimSection, raw.get("optim") or {}, "optim")
+    evaluation = _parse_section(EvaluationSection, raw.get("evaluation") or {}, "evaluation")
+    hub = _parse_section(HubSection, raw.get("hub") or {}, "hub")
+    search = _parse_section(SearchSection, raw["search"], "search") if raw.get("search") is not None else None
+    tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
+
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+
+    lora = raw.get("lora")
+    if lora is not None:
+        lora = check_upstream_kwargs("lora", lora, LoraConfig, reserved=_LORA_RESERVED)
+        check_lora_values(lora)
+    training = dict(raw.get("training") or {})
+    if training.get("resume_from_checkpoint") is False:  # `false` reads better in YAML than 'never'
+        training["resume_from_checkpoint"] = "never"
+    training = check_upstream_kwargs("training", training, TrainingArguments)
+    check_training_values(training)
+    if not training.get("output_dir"):
+        training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
+    recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
+                    hub=hub, search=search, tracking=tracking, source=source)
+    _check_files(recipe)
+    check_consistency(recipe, optim_given="optim" in raw)
+    if recipe.search is not None:
+        _check_search_space(recipe)
+        check_search(recipe)
+    return recipe
+
+
+SEARCHABLE_SECTIONS = ("training", "lora", "optim", "model")
+
+
+def _check_search_space(recipe: Recipe) -> None:
+    """Every space key is a valid recipe key: the recipe validates with the key's first (or lowest) value."""
+    base = {k: v for k, v in recipe.to_dict().items() if k != "search"}
+    for key, dist in recipe.search.space.items():
+        path = f"search.space.{key}"
+        section = key.split(".")[0]
+        if "." not in key or section not in SEARCHABLE_SECTIONS:
+            raise RecipeError(path, f"cannot be searched: keys of {', '.join(SEARCHABLE_SECTIONS)} can "
+                              "(data keys would need the data tokenized again for every trial)")
+        if section == "lora" and recipe.lora is None:
+            raise RecipeError(path, "the recipe has no lora section", fix="add a lora section to search its keys")
+        sample = dist.choices[0] if dist.type == "categorical" else int(dist.low) if dist.type == "int" else dist.low
+        try:
+            validate_recipe(apply_values(base, {key: sample}))
+        except HfTuneError as err:
+            raise RecipeError(path, str(err).removeprefix(f"{key}: ")) from None
+
+
+def _parse_section(cls: type[BaseModel], values: Any, section: str) -> BaseModel:
+    if not isinstance(values, dict):
+        raise RecipeError(section, f"expected a mapping, got {values!r}")
+    try:
+        return cls.model_validate(values)
+    except ValidationError as err:
+        problems = [_describe(cls, section, e) for e in err.errors()]
+        raise HfTuneError("\n".join(str(p) for p in problems)) if len(problems) > 1 else problems[0] from None
+
+
+def _describe(cls: type[BaseModel], section: str, error: dict[str, Any]) -> RecipeError:
+    loc = [str(part) for part in error["loc"]]
+    path = ".".join([section, *loc])
+    if error["type"] == "extra_forbidden":
+        return RecipeError(path, "unknown key", fix=did_you_mean(loc[-1], _fields_at(cls, loc[:-1])))
+    if error["type"] == "missing":
+        return RecipeError(path, "required key is missing")
+    if not loc:  # a check across keys of the section
+        return RecipeError(section, error["msg"].removeprefix("Value error, "))
+    return RecipeError(path, f"{error['msg']} (got {error.get('input')!r})")
+
+
+def _fields_at(cls: type[BaseModel], loc: list[str]) -> list[str]:
+    for part in loc:
+        annotation = cls.model_fields[part].annotation
+        nested = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        cls = nested[0]
+    return list(cls.model_fields)
+
+
+def _check_files(recipe: Recipe) -> None:
+    """Local files the recipe names must exist (a Hub id's availability is a preflight check: it needs the network)."""
+    model_name = recipe.model.pretrained_model_name_or_path
+    if looks_like_local_path(model_name) and not os.path.isdir(os.path.expanduser(model_name)):
+        raise RecipeError("model.pretrained_model_name_or_path", f"no such folder: {model_name}",
+                          fix="name a folder holding config.json, a Hub id (org/name), or embedded:SmolLM2-135M-Instruct")
+    for name in ("train", "eval"):
+        source = getattr(recipe.data, name)
+        if source is None:
+            continue
+        if Path(source.path).suffix in LOCAL_DATA_SUFFIXES and not Path(source.path).is_file():
+            raise RecipeError(f"data.{name}.path", f"file not found: {source.path}", fix="paths are relative to the folder you run from")
+        if source.path in PACKAGED_BUILDERS:  # data_files are local files then (Hub datasets resolve their own)
+            for pattern in data_file_patterns(source.data_files):
+                if "://" not in pattern and not glob.glob(os.path.expanduser(pattern)):
+                    raise RecipeError(f"data.{name}.data_files", f"no file matches {pattern}")
+    template = recipe.data.chat_template
+    if template and "{" not in template and not Path(template).is_file():
+        raise RecipeError("data.chat_template", f"file not found: {template}", fix="give a .jinja file path or the template text itself")
