@@ -9,6 +9,12 @@ import os
 from hf_tune.errors import HfTuneError
 
 
+def accelerator_available() -> bool:
+    import torch
+
+    return bool(torch.accelerator.is_available()) if hasattr(torch, "accelerator") else torch.cuda.is_available()
+
+
 def _world():
     """(rank, world size) of the initialised process group, else (0, 1)."""
     import torch.distributed as dist

@@ -1,4 +1,5 @@
-"""DeepSpeed configs: the bundled ones (shipped inside the package), short names, and what the recipe checks read.
+"""DeepSpeed, in one place: the bundled configs (shipped inside the package), short names, the checks a recipe's
+config gets when it loads, and the process group ZeRO-3 needs on CPU.
 
 A recipe names a config by its short name (``zero3``) or by a JSON path. The recipe, ``run.json`` and the model card
 keep what the user wrote; only ``TrainingArguments`` gets the loaded JSON, so no absolute path of the training machine
@@ -8,9 +9,11 @@ is written anywhere.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from hf_tune.distributed import accelerator_available
 from hf_tune.errors import RecipeError
 
 BUNDLED_DS_CONFIGS = Path(__file__).resolve().parent / "ds_configs"
@@ -44,3 +47,55 @@ def load_deepspeed_config(value: str | dict[str, Any]) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise RecipeError("training.deepspeed", f"{path.name} holds a {type(config).__name__}, not a JSON object")
     return config
+
+
+# DeepSpeed key -> (TrainingArguments key, its default): a non-"auto" DeepSpeed value must agree with the recipe
+_DS_MIRRORS = {
+    "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", 8),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", 1),
+    "gradient_clipping": ("max_grad_norm", 1.0),
+    "bf16.enabled": ("bf16", False),
+    "fp16.enabled": ("fp16", False),
+}
+
+
+def check_deepspeed_config(training: dict[str, Any], optim_given: bool) -> None:
+    """The config exists and parses, its ZeRO stage is known, its non-"auto" values agree with the recipe, and it
+    has no optimizer or scheduler block that would silently replace the optim section."""
+    config = training.get("deepspeed")
+    if not config:
+        return
+    name = deepspeed_config_path(config).name if isinstance(config, str) else "the DeepSpeed config"
+    config = load_deepspeed_config(config)  # the recipe keeps the short name or path the user wrote
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise RecipeError("training.deepspeed", f"{name}: unknown ZeRO stage {stage!r}", fix="use 0, 1, 2 or 3")
+    for ds_key, (key, default) in _DS_MIRRORS.items():
+        node = config
+        for part in ds_key.split("."):
+            node = node.get(part, "auto") if isinstance(node, dict) else "auto"
+        wanted = training.get(key, default)
+        if node != "auto" and node != wanted:
+            raise RecipeError("training.deepspeed", f"{name} sets {ds_key}={node!r} but training.{key} is {wanted!r}",
+                              fix=f'set {ds_key} to "auto" in the JSON (Trainer fills it from training.{key}), '
+                              "or make the two equal")
+    if optim_given and "optimizer" in config:
+        raise RecipeError("training.deepspeed", "the DeepSpeed config has an 'optimizer' block, which replaces the "
+                          "optimizer and so silently drops the optim section (layer-wise LR decay, no-decay groups)",
+                          fix="remove the 'optimizer' block from the DeepSpeed JSON: Trainer then builds the "
+                          "optimizer from training.optim and hf_tune's groups, and DeepSpeed steps it")
+    if optim_given and "scheduler" in config:
+        raise RecipeError("training.deepspeed", "the DeepSpeed config has a 'scheduler' block, which replaces the "
+                          "warmup-cosine schedule", fix="remove the 'scheduler' block from the DeepSpeed JSON")
+
+
+def init_cpu_deepspeed(kwargs: dict) -> None:
+    """ZeRO-3's ``zero.Init`` (used by ``from_pretrained``) fails on CPU unless DeepSpeed's process group is up with
+    gloo before ``TrainingArguments`` is built (measured); on an accelerator DeepSpeed picks its own backend."""
+    if not kwargs.get("deepspeed") or accelerator_available() or "WORLD_SIZE" not in os.environ:
+        return
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
-import torch
 from transformers import TrainingArguments
 
-from hf_tune.ds_config import load_deepspeed_config
+from hf_tune.distributed import accelerator_available
+from hf_tune.ds_config import init_cpu_deepspeed, load_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
-
-
-def accelerator_available() -> bool:
-    return bool(torch.accelerator.is_available()) if hasattr(torch, "accelerator") else torch.cuda.is_available()
 
 
 def training_kwargs(recipe: Recipe) -> dict:
@@ -28,18 +22,6 @@ def training_kwargs(recipe: Recipe) -> dict:
     if recipe.data.batch_tokens and "per_device_train_batch_size" not in kwargs:
         kwargs["per_device_train_batch_size"] = 1  # one pack of up to data.batch_tokens tokens per step and device
     return kwargs
-
-
-def init_cpu_deepspeed(kwargs: dict) -> None:
-    """ZeRO-3's ``zero.Init`` (used by ``from_pretrained``) fails on CPU unless DeepSpeed's process group is up with
-    gloo before ``TrainingArguments`` is built (measured); on an accelerator DeepSpeed picks its own backend."""
-    if not kwargs.get("deepspeed") or accelerator_available() or "WORLD_SIZE" not in os.environ:
-        return
-    import deepspeed
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo")
 
 
 def build_training_arguments(recipe: Recipe) -> TrainingArguments:

@@ -3,7 +3,7 @@ Pure: they read the recipe (and the DeepSpeed JSON it names) and change nothing.
 
 from __future__ import annotations
 
-from hf_tune.ds_config import deepspeed_config_path, load_deepspeed_config
+from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.schema import Recipe
@@ -28,7 +28,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
         metric_path(name)
     _check_early_stopping(recipe, evaluating)
     _check_batching(recipe, task.causal)
-    _check_deepspeed(recipe, optim_given)
+    check_deepspeed_config(recipe.training, optim_given)
     _check_fsdp_with_deepspeed(recipe)
 
 
@@ -95,44 +95,6 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
                           "training.load_best_model_at_end: true (and greater_is_better for metrics such as accuracy)")
 
 
-# DeepSpeed key -> (TrainingArguments key, its default): a non-"auto" DeepSpeed value must agree with the recipe
-_DS_MIRRORS = {
-    "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", 8),
-    "gradient_accumulation_steps": ("gradient_accumulation_steps", 1),
-    "gradient_clipping": ("max_grad_norm", 1.0),
-    "bf16.enabled": ("bf16", False),
-    "fp16.enabled": ("fp16", False),
-}
-
-
 def _check_fsdp_with_deepspeed(recipe: Recipe) -> None:
     if recipe.training.get("fsdp") and recipe.training.get("deepspeed"):
         raise RecipeError("training.fsdp", "is set together with training.deepspeed", fix="choose one of them")
-
-
-def _check_deepspeed(recipe: Recipe, optim_given: bool) -> None:
-    config = recipe.training.get("deepspeed")
-    if not config:
-        return
-    name = deepspeed_config_path(config).name if isinstance(config, str) else "the DeepSpeed config"
-    config = load_deepspeed_config(config)  # the recipe keeps the short name or path the user wrote
-    stage = config.get("zero_optimization", {}).get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise RecipeError("training.deepspeed", f"{name}: unknown ZeRO stage {stage!r}", fix="use 0, 1, 2 or 3")
-    for ds_key, (key, default) in _DS_MIRRORS.items():
-        node = config
-        for part in ds_key.split("."):
-            node = node.get(part, "auto") if isinstance(node, dict) else "auto"
-        wanted = recipe.training.get(key, default)
-        if node != "auto" and node != wanted:
-            raise RecipeError("training.deepspeed", f"{name} sets {ds_key}={node!r} but training.{key} is {wanted!r}",
-                              fix=f'set {ds_key} to "auto" in the JSON (Trainer fills it from training.{key}), '
-                              "or make the two equal")
-    if optim_given and "optimizer" in config:
-        raise RecipeError("training.deepspeed", "the DeepSpeed config has an 'optimizer' block, which replaces the "
-                          "optimizer and so silently drops the optim section (layer-wise LR decay, no-decay groups)",
-                          fix="remove the 'optimizer' block from the DeepSpeed JSON: Trainer then builds the "
-                          "optimizer from training.optim and hf_tune's groups, and DeepSpeed steps it")
-    if optim_given and "scheduler" in config:
-        raise RecipeError("training.deepspeed", "the DeepSpeed config has a 'scheduler' block, which replaces the "
-                          "warmup-cosine schedule", fix="remove the 'scheduler' block from the DeepSpeed JSON")
