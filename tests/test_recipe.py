@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import yaml
@@ -187,3 +188,12 @@ def test_missing_recipe_file_and_non_mapping(tmp_path):
     path.write_text("- a\n- b\n")
     with pytest.raises(HfTuneError, match="mapping"):
         load_recipe(path)
+
+
+@pytest.mark.parametrize("override, package, key", [("training.report_to=[wandb]", "wandb", "training.report_to"),
+                                                     ("training.deepspeed=zero2", "deepspeed", "training.deepspeed")])
+def test_an_integration_that_is_not_installed_is_refused_with_its_extra(override, package, key, monkeypatch):
+    monkeypatch.setitem(sys.modules, package, None)  # what an install without the extra looks like to find_spec
+    with pytest.raises(RecipeError) as info:
+        load_recipe(GOOD, [override])
+    assert info.value.key == key and f"hf_tune[{package}]" in info.value.fix

