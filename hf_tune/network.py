@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 def hub_is_reachable(timeout: float = 3.0) -> bool:
     """One quick request to the Hub endpoint (``HF_ENDPOINT``) through huggingface_hub's own HTTP session, so proxies
     (``HTTPS_PROXY``, ``NO_PROXY``) apply as they do to downloads. Without it, every offline ``from_pretrained`` of a
-    Hub id spends ~25 s in retries before failing or falling back to the cache."""
+    Hub id spends tens of seconds in retries before failing or falling back to the cache."""
     from huggingface_hub import get_session
 
     if constants.is_offline_mode():

@@ -120,7 +120,7 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         best, deadline = 0.0, time.perf_counter() + 3
-        for rounds in range(20):  # the best of many: on a shared host one timing can be 30 % slow (124-172 GFLOP/s)
+        for rounds in range(20):  # the best of many: on a shared host one timing can be far slower than the next
             if rounds >= 5 and time.perf_counter() > deadline:  # a slow dtype (bf16 without AMX): 5 rounds will do
                 break
             _sync(device)

@@ -91,7 +91,7 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
     if padding_free is None:
         # Flash attention and sdpa_varlen (the default) run each flattened example on its own. Plain SDPA and eager
         # compute the whole flattened row's scores under a block mask, which costs more than the little padding
-        # left in length-grouped packs (measured: 155 vs 179 tokens/s), so packs stay padded there.
+        # left in length-grouped packs (measured: docs/speed.md), so packs stay padded there.
         padding_free = (model_class is not None and supports_padding_free(model_class)
                         and (apart or not recipe.data.batch_tokens))
     trained_only = (recipe.model.logits_to_keep == "trained" and model_class is not None

@@ -3,8 +3,8 @@
 A flattened row (``DataCollatorWithFlattening``) saves the compute of pad tokens in every linear layer, norm and MLP.
 Flash attention then runs each example on its own (varlen kernels), but it needs a GPU and the flash-attn package;
 transformers' SDPA path instead turns the restarting ``position_ids`` into a block-diagonal mask over the whole row
-and computes ``(sum of lengths)**2`` scores instead of ``sum(length**2)``: on this CPU that cost more than the padding
-it saves (155 vs 179 tokens/s), so hf_tune used to keep packs padded there.
+and computes ``(sum of lengths)**2`` scores instead of ``sum(length**2)``: on a CPU that costs more than the padding
+it saves (measured: docs/speed.md), so packs would stay padded there.
 
 ``sdpa_varlen`` does what the varlen kernels do with the SDPA that every torch has: it gathers the row's examples
 into a right-padded ``[examples, heads, longest, head_dim]`` batch, runs one causal SDPA call (with right padding the

@@ -1,7 +1,7 @@
 """LoRA dropout with a cheaper mask on CPU.
 
 PEFT applies ``nn.Dropout`` to the input of every LoRA layer, and on CPU drawing its mask (``bernoulli_``, one
-Mersenne-Twister draw per element) was 19 % of a SmolLM2 LoRA step (profiled: more than all attention). ``FastDropout``
+Mersenne-Twister draw per element) was a large share of a SmolLM2 LoRA step (profiled: docs/speed.md). ``FastDropout``
 draws 16 random bits per element instead, four per 64-bit draw, and keeps an element when its bits clear a threshold:
 the same inverted dropout with a drop probability rounded to 1/65,536 (the scale uses the rounded value, so the
 expectation is exact). On accelerators ``F.dropout`` is already a fused kernel and is used as it is.
@@ -41,8 +41,7 @@ class FastDropout(nn.Module):
 
 class _MaskedScale(torch.autograd.Function):
     """``x * keep * scale`` with ``keep`` drawn here; saves only the boolean mask. One ``where`` and one in-place
-    scale each way: 14-22 % less time forward + backward than the same ops under autograd (measured on SmolLM2's LoRA
-    inputs)."""
+    scale each way: less time forward + backward than the same ops under autograd (measured: docs/speed.md)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, threshold: int, scale: float) -> torch.Tensor:

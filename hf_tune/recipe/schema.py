@@ -47,7 +47,7 @@ class ModelSection(_Section):
                                        "token is trained (same loss, less compute and memory), or all positions")
     fast_lora_dropout: bool = Field(
         default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.model.dropout: same "
-                                  "dropout, p rounded to 1/65536, ~3x less time than nn.Dropout forward + backward); "
+                                  "dropout, p rounded to 1/65536; faster than nn.Dropout on CPU, see docs/speed.md); "
                                   "false keeps PEFT's nn.Dropout")
 
 
