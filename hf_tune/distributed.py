@@ -150,3 +150,14 @@ def fit_cpu_threads(args) -> int:
         "CPU threads: %d per process (%d physical cores / %d process(es) on this node); the launcher had set "
         "OMP_NUM_THREADS=1. Set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose.", threads, cores, local)
     return threads
+
+
+def end_process_group() -> None:
+    """At the end of a launch: every rank waits for the others, then closes its process group. A rank that exits
+    while its group's background threads still run can abort at exit ("terminate called without an active
+    exception", seen under torchrun when rank 0 still writes a study's summary)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

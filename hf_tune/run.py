@@ -8,8 +8,10 @@ import contextlib
 import logging
 import sys
 
+from hf_tune.distributed import end_process_group
 from hf_tune.errors import HfTuneError
 from hf_tune.preflight import load_recipe
+from hf_tune.training import how_to_use, train
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,12 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     configure_logging()
     with user_errors(args.debug):
-        from hf_tune.training import how_to_use, train
-
         recipe = load_recipe(args.recipe, args.overrides)
         trainer = train(recipe)
     if trainer.is_world_process_zero():
         print(how_to_use(recipe, trainer.args.output_dir))
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from hf_tune.distributed import end_process_group
 from hf_tune.preflight import load_recipe
 from hf_tune.run import configure_logging, parser, user_errors
 from hf_tune.search import format_summary, search
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         result = search(load_recipe(args.recipe, args.overrides))
     if result:
         print(format_summary(result))
+    end_process_group()
 
 
 if __name__ == "__main__":
