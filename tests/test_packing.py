@@ -272,3 +272,43 @@ def test_sdpa_varlen_keeps_a_sliding_window_exact(tmp_path, smol_tokenizer, wind
         row = model(**batch).logits[0]
         alone = [model(input_ids=torch.tensor([e["input_ids"]])).logits[0] for e in examples]
     torch.testing.assert_close(row, torch.cat(alone), rtol=1e-4, atol=1e-5)
+
+
+def test_the_collator_follows_the_attention_the_model_actually_runs(tiny_llama_dir, tmp_path):
+    """The attention is decided once, when the model loads; the trainer's collator reads the model's choice instead
+    of predicting it from the recipe (a model that runs eager gets padded packs, not example boundaries)."""
+    from hf_tune import build_run, build_trainer, load_recipe
+    from hf_tune.model.attention import NAME
+
+    recipe = chat_recipe(tiny_llama_dir, tmp_path / "run")
+    recipe["data"]["batch_tokens"] = 512
+    run = build_run(load_recipe(recipe))
+    assert run.model.config._attn_implementation == NAME
+    flattened = run.trainer.data_collator(make_examples(LENGTHS))
+    assert flattened["input_ids"].shape[0] == 1 and "cu_seq_lens_q" in flattened
+
+    run.model.set_attn_implementation("eager")  # as a model that cannot run SDPA loads
+    trainer = build_trainer(run.recipe, run.model, run.tokenizer, run.data.train, run.data.eval, run.args)
+    padded = trainer.data_collator(make_examples(LENGTHS))
+    assert padded["input_ids"].shape[0] == len(LENGTHS) and "cu_seq_lens_q" not in padded
+
+
+def test_sdpa_varlen_hands_a_call_with_an_unknown_argument_to_upstream_sdpa():
+    """Only keyword arguments it understands run examples apart: any other one with a value (a future model's) goes
+    to transformers' SDPA, whose result it then is."""
+    from transformers import AttentionInterface
+
+    from hf_tune.model.attention import sdpa_varlen_attention_forward
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.is_causal = True
+    query, key, value = (torch.randn(1, 2, 7, 8) for _ in range(3))
+    boundaries = {"cu_seq_lens_q": torch.tensor([0, 3, 7]), "cu_seq_lens_k": torch.tensor([0, 3, 7]),
+                  "max_length_q": 4, "max_length_k": 4}
+    apart, _ = sdpa_varlen_attention_forward(module, query, key, value, None, **boundaries)
+    handed_on, _ = sdpa_varlen_attention_forward(module, query, key, value, None, **boundaries, attention_sinks=1.0)
+    upstream, _ = AttentionInterface()["sdpa"](module, query, key, value, None, **boundaries, attention_sinks=1.0)
+    assert torch.equal(handed_on, upstream)
+    assert torch.allclose(apart[:, :3], upstream[:, :3], atol=1e-6)  # the first example sees no other one anyway
+    assert not torch.allclose(apart[:, 3:], upstream[:, 3:], atol=1e-3)  # the second attends only to itself apart

@@ -12,7 +12,7 @@ from datasets import Dataset, load_dataset
 
 from hf_tune.data.validation import check_examples
 from hf_tune.errors import RecipeError, describe_exception
-from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS
+from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns
 from hf_tune.recipe.schema import DataSection, DatasetSource
 
 _LOAD_FIX = "use a local file (path: data/train.jsonl) or a Hub dataset already in the local cache"
@@ -61,18 +61,8 @@ def local_files(source: DatasetSource) -> list[Path]:
         return [Path(source.path)]
     if source.path not in PACKAGED_BUILDERS:
         return []
-    return [Path(f) for p in _patterns(source.data_files) if "://" not in p
+    return [Path(f) for p in data_file_patterns(source.data_files) if "://" not in p
             for f in sorted(glob.glob(os.path.expanduser(p)))]
-
-
-def _patterns(files: str | list | dict | None) -> list[str]:
-    if files is None:
-        return []
-    if isinstance(files, str):
-        return [files]
-    if isinstance(files, dict):
-        return [p for group in files.values() for p in _patterns(group)]
-    return list(files)
 
 
 def describe_source(source: DatasetSource) -> str:
