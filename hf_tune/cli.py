@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from hf_tune.run import user_errors
+from hf_tune.run import recipe_arguments, user_errors
 
 
 def _validate(args) -> None:
@@ -100,10 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--debug", action="store_true", help="show the traceback of errors")
     verbs = p.add_subparsers(dest="verb", required=True)
 
-    def recipe_verb(name: str, func, help_text: str) -> argparse.ArgumentParser:  # RECIPE [overrides], once
-        v = verbs.add_parser(name, help=help_text)
-        v.add_argument("recipe", help="YAML recipe, e.g. recipes/llm_lora.yaml")
-        v.add_argument("overrides", nargs="*", help="section.key=value, value read as YAML (training.max_steps=10)")
+    def recipe_verb(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        v = verbs.add_parser(name, help=help_text, parents=[recipe_arguments()])
         v.set_defaults(func=func)
         return v
 

@@ -8,16 +8,20 @@ import contextlib
 import logging
 import sys
 
-from hf_tune.distributed import end_process_group
 from hf_tune.errors import HfTuneError
-from hf_tune.preflight import load_recipe
-from hf_tune.training import how_to_use, train
+
+
+def recipe_arguments() -> argparse.ArgumentParser:
+    """RECIPE [section.key=value ...]: the arguments of every command that reads a recipe, defined once."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("recipe", help="YAML recipe, e.g. recipes/llm_lora.yaml")
+    p.add_argument("overrides", nargs="*", help="section.key=value, value read as YAML (training.max_steps=10)")
+    return p
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hf_tune.run", description=__doc__.splitlines()[0])
-    p.add_argument("recipe", help="YAML recipe, e.g. recipes/llm_lora.yaml")
-    p.add_argument("overrides", nargs="*", help="section.key=value, value read as YAML (training.max_steps=10)")
+    p = argparse.ArgumentParser(prog="python -m hf_tune.run", description=__doc__.splitlines()[0],
+                                parents=[recipe_arguments()])
     p.add_argument("--debug", action="store_true", help="show the traceback of errors")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     return p
@@ -72,6 +76,11 @@ def user_errors(debug: bool):
 
 
 def main(argv: list[str] | None = None) -> None:
+    # imported here: `hf-tune --help` and the other verbs import this module, and need none of it
+    from hf_tune.distributed import end_process_group
+    from hf_tune.preflight import load_recipe
+    from hf_tune.training import how_to_use, train
+
     args = parser().parse_args(argv)
     configure_logging()
     with user_errors(args.debug):

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import optuna
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import SearchSection
 
 
 def make_storage(search: SearchSection, study_dir: Path):
     """The study's storage: a journal file (``.log``/``.journal``), a database URL, or ``study_dir/study.db``."""
-    url = search.storage or f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    url = search.storage or f"sqlite:///{(study_dir / run_folder.STUDY_DB).resolve()}"
     if url.endswith((".log", ".journal")):  # a journal file: NFS-friendly, several workers
         from optuna.storages.journal import JournalFileBackend
 

@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 import yaml
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
@@ -41,7 +42,7 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
     best = study.best_trials if len(metrics) > 1 else [study.best_trial]
     result["best"] = [{"number": t.number, "values": t.values, "params": t.params} for t in best]
     result["best_recipe"] = str(write_best_recipe(study, recipe, metrics, best[0], study_dir))
-    study.trials_dataframe().to_csv(study_dir / "trials.csv", index=False)
+    study.trials_dataframe().to_csv(study_dir / run_folder.TRIALS_CSV, index=False)
     result["plots"] = write_plots(study, metrics, study_dir)
     return result
 
@@ -53,7 +54,7 @@ def write_best_recipe(study, recipe: Recipe, metrics: list[str], best, study_dir
     best_recipe = trial_recipe(dataclasses.replace(recipe, training={**recipe.training,
                                                                      "output_dir": str(study_dir / "best")}),
                                best_values)
-    path = study_dir / "best_recipe.yaml"
+    path = study_dir / run_folder.BEST_RECIPE
     raw = {k: v for k, v in redact_secrets(best_recipe.to_dict()).items() if k != "search"}
     path.write_text(f"# best trial {best.number} of study {study.study_name}: {dict(zip(metrics, best.values))}\n"
                     + yaml.safe_dump(raw, sort_keys=False))
