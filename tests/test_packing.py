@@ -312,3 +312,23 @@ def test_sdpa_varlen_hands_a_call_with_an_unknown_argument_to_upstream_sdpa():
     assert torch.equal(handed_on, upstream)
     assert torch.allclose(apart[:, :3], upstream[:, :3], atol=1e-6)  # the first example sees no other one anyway
     assert not torch.allclose(apart[:, 3:], upstream[:, 3:], atol=1e-3)  # the second attends only to itself apart
+
+
+def test_trainer_steps_run_the_flattened_examples_apart(tiny_llama_dir, tmp_path, monkeypatch):
+    """Under Trainer, whose forwards carry num_items_in_batch down to the attention, sdpa_varlen still runs each
+    example of a pack on its own: one SDPA call over a batch of the pack's examples, not one over the whole row."""
+    from hf_tune import build_run, load_recipe
+
+    batch_sizes = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(query, *args, **kwargs):  # the library function, watched: how many rows does attention see?
+        batch_sizes.append(query.shape[0])
+        return sdpa(query, *args, **kwargs)
+
+    recipe = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=1)
+    recipe["data"]["batch_tokens"] = 512
+    trainer = build_run(load_recipe(recipe)).trainer
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    trainer.train()
+    assert batch_sizes and min(batch_sizes) > 1  # every call: several examples of one flattened row, apart

@@ -24,10 +24,13 @@ NAME = "sdpa_varlen"
 # Upstream's SDPA attention and mask functions, from transformers' registries (not from their module paths).
 sdpa_attention_forward = AttentionInterface()["sdpa"]
 sdpa_mask = AttentionMaskInterface()["sdpa"]
-# The keyword arguments whose meaning sdpa_varlen knows: any other one that carries a value (a softcap, a position
-# bias, attention sinks, a kwarg a future model adds) sends the call to upstream SDPA, which handles it or refuses.
+# The keyword arguments whose meaning sdpa_varlen knows: the flattened row's boundaries, the sliding window it checks,
+# and what models pass down to every layer without bearing on attention (Trainer adds num_items_in_batch to each
+# training forward). Any other one that carries a value (a softcap, a position bias, attention sinks, a kwarg a
+# future model adds) sends the call to upstream SDPA, which handles it or refuses.
 UNDERSTOOD_KWARGS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids",
-                               "use_cache", "sliding_window", "is_causal", "output_attentions"})
+                               "sliding_window", "is_causal", "output_attentions", "use_cache", "num_items_in_batch",
+                               "output_hidden_states", "output_router_logits", "seq_idx", "return_dict"})
 
 
 def sdpa_varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
