@@ -22,7 +22,7 @@ from hf_tune import load_recipe, train
 from hf_tune.checkpoints import MARKER, is_complete
 from hf_tune.errors import HfTuneError, RecipeError
 
-SECRET = "hf_SECRETtoken1234567890"
+SECRET = "hf_SECRETtoken1234567890abcdefghijklmnop"  # the shape of a real token: hf_ and 34 characters
 
 
 def step_losses(run_dir: Path) -> list[tuple[int, float]]:

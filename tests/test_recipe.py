@@ -115,18 +115,25 @@ def test_overrides_are_typed_yaml_and_create_nested_keys():
 
 
 def test_a_secret_in_a_recipe_is_refused_with_the_environment_as_the_fix():
-    cases = {"training.hub_token=hf_abcdefSECRET": "training.hub_token",
-             "training.run_name=hf_abcdefSECRET": "training.run_name",
-             "tracking.tags=[demo, sk-abcdefSECRET123]": "tracking.tags[1]"}
+    token = "hf_abcdefSECRET" + "0123456789" * 2  # a real token's shape: hf_ and 34 characters
+    cases = {f"training.hub_token={token}": "training.hub_token",
+             f"training.run_name={token}": "training.run_name",
+             "tracking.tags=[demo, sk-abcdefSECRET1234567890]": "tracking.tags[1]"}
     for override, key in cases.items():
         with pytest.raises(RecipeError) as info:
             load_recipe(GOOD, [override])
         assert info.value.key == key and "HF_TOKEN" in info.value.fix and "SECRET" not in str(info.value)
 
 
+def test_names_that_only_look_like_tokens_or_secret_keys_are_not_refused():
+    recipe = load_recipe(GOOD, ["training.output_dir=runs/hf_finetuning", "data.train.path=" + str(DATA / "chat_demo.jsonl"),
+                                "lora.rank_pattern={key: 16}"])  # BERT's attention has a module named "key"
+    assert recipe.training["output_dir"] == "runs/hf_finetuning" and recipe.lora["rank_pattern"] == {"key": 16}
+
+
 def test_redaction_masks_secret_keys_and_token_shaped_values():
     resolved = redact_secrets({"training": {"hub_token": "anything", "learning_rate": 1e-4},
-                               "notes": ["pushed with hf_abcdefSECRET"]})
+                               "notes": ["pushed with hf_abcdefSECRET0123456789abcdefghij"]})
     assert resolved["training"] == {"hub_token": "***", "learning_rate": 1e-4}
     assert "SECRET" not in yaml.safe_dump(resolved)
 
