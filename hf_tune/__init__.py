@@ -25,7 +25,7 @@ _EXPORTS = {
     "build_run": "hf_tune.build",
     "Run": "hf_tune.build",
     "build_training_arguments": "hf_tune.training_args",
-    "build_model_and_tokenizer": "hf_tune.model",
+    "build_model_and_tokenizer": "hf_tune.build",
     "build_datasets": "hf_tune.data",
     "build_trainer": "hf_tune.trainer",
     "HfTuneTrainer": "hf_tune.trainer",

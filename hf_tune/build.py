@@ -14,14 +14,23 @@ from typing import Any
 
 from transformers import TrainingArguments, set_seed
 
-from hf_tune.data import TrainingData, build_training_data
+from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import stage_errors
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
+from hf_tune.tasks import task_of
 from hf_tune.trainer import HfTuneTrainer, build_trainer
 from hf_tune.training_args import build_training_arguments
+
+
+def build_model_and_tokenizer(recipe: Recipe):
+    """(model, tokenizer) alone, for a notebook: a classification model gets its class names from the training data
+    (``build_run`` reads them once, with the data it builds)."""
+    tokenizer = build_tokenizer(recipe)
+    labels = dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None
+    return build_model(recipe, tokenizer, labels), tokenizer
 
 
 @dataclasses.dataclass
@@ -35,14 +44,16 @@ class Run:
 
 
 def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: TrainingData | None = None,
-              trial_hooks=None) -> Run:
+              trial_hooks=None, check_launch: bool = True) -> Run:
     """Everything a run needs, built in order. ``args``: the recipe's training arguments, when the caller needed
     them first (``train`` decides where to resume before building the rest); ``data``: datasets already built (the
     folds of cross-validation); ``trial_hooks``: a search's hooks (``attach(run)``, ``model_init``): no model is
-    built now, the trainer calls ``model_init`` for each trial."""
+    built now, the trainer calls ``model_init`` for each trial. ``check_launch=False``: build for a launch other than
+    this one (``hf-tune plan --world-size 8`` on a laptop for a cluster's FSDP recipe), without refusing this one."""
     if args is None:
         args = build_training_arguments(recipe)
-    check_distributed(args)
+    if check_launch:
+        check_distributed(args)
     fit_cpu_threads(args)
     tokenizer = build_tokenizer(recipe)
     if data is None:

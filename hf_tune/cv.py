@@ -40,7 +40,7 @@ def cross_validate(recipe: Recipe, folds: int) -> dict:
     for k, (train_idx, eval_idx) in enumerate(splitter.split(np.zeros(len(targets)), targets)):
         fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(out / f"fold-{k}")})
         run = build_run(fold, data=TrainingData(dataset.select(train_idx), dataset.select(eval_idx), labels))
-        with tracking_scope(fold, Path(run.args.output_dir)):  # each fold its own tracker run
+        with tracking_scope(fold, Path(run.args.output_dir), run.trainer):  # each fold its own tracker run
             run.trainer.train()
             metrics = run.trainer.evaluate()
         run.trainer.save_metrics("eval", metrics)

@@ -153,11 +153,11 @@ def fit_cpu_threads(args) -> int:
 
 
 def end_process_group() -> None:
-    """At the end of a launch: every rank waits for the others, then closes its process group. A rank that exits
-    while its group's background threads still run can abort at exit ("terminate called without an active
-    exception", seen under torchrun when rank 0 still writes a study's summary)."""
+    """At the end of a launch, each rank closes its own process group. A rank that exits with the group's background
+    threads still running can abort at exit ("terminate called without an active exception", seen under torchrun
+    when rank 0 still wrote a study's summary). No barrier: a rank that failed never gets here, and the others must
+    not wait for it."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
         dist.destroy_process_group()

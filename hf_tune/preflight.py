@@ -16,7 +16,7 @@ from hf_tune.model.embedded import is_embedded, locate_embedded
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.network import hub_is_reachable
 from hf_tune.optim.schedule import resolve_schedule
-from hf_tune.recipe import Recipe, read_recipe
+from hf_tune.recipe import Recipe, apply_values, read_recipe, validate_recipe
 from hf_tune.model.loading import model_class
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.sources import OFFLINE_MODEL_FIX, looks_like_local_path
@@ -63,20 +63,15 @@ def _available_offline(repo_id: str, revision: str | None) -> bool:
 
 
 def _check_push(recipe: Recipe) -> None:
-    """A push at the end of hours of training must not be the first contact with the Hub."""
-    if not recipe.training.get("push_to_hub"):
-        return
-    from huggingface_hub import constants, get_token
-
-    if not get_token():
-        raise RecipeError("training.push_to_hub", "asks for a push, but no Hugging Face token is configured",
-                          fix="export HF_TOKEN=... (or `hf auth login`), or set training.push_to_hub: false and push "
-                          "later with `hf-tune push RUN_DIR --repo-id OWNER/NAME`")
-    if not hub_is_reachable():
-        raise RecipeError("training.push_to_hub", f"asks for a push, but the Hub ({constants.ENDPOINT}) cannot be "
-                          "reached (offline, or HF_HUB_OFFLINE is set)",
-                          fix="set training.push_to_hub: false and push later with `hf-tune push RUN_DIR --repo-id "
-                          "OWNER/NAME` from a machine online")
+    """Trainer's own push (``training.push_to_hub``) uploads the whole run folder as it is: the manifest with the host
+    name and command line, tracker logs, and PEFT's adapter_config.json naming the local folder the base loaded from.
+    ``hf-tune push`` uploads what a model repo needs, with a base others can load."""
+    if recipe.training.get("push_to_hub"):
+        raise RecipeError("training.push_to_hub", "Trainer's own push uploads the whole run folder: run.json (host "
+                          "name, command line), tracker logs, and an adapter_config.json that names this machine's "
+                          "copy of the base model", fix="remove training.push_to_hub, and after training run "
+                          "`hf-tune push RUN_DIR --repo-id OWNER/NAME` (it uploads the model, tokenizer, card and "
+                          "recipe, and names the base by its Hub id)")
 
 
 def _check_fsdp(recipe: Recipe) -> None:
@@ -107,4 +102,21 @@ def _check_training_arguments(recipe: Recipe) -> None:
     build_training_arguments(recipe)  # TrainingArguments' own cross-field checks, reported by recipe key
 
 
-CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_fsdp, _check_push, _check_training_arguments)
+def _check_search_samples(recipe: Recipe) -> None:
+    """A trial's values must also pass the schedule and TrainingArguments' checks: the recipe with each searched
+    key at its first (or lowest) value is built as far as TrainingArguments."""
+    if recipe.search is None:
+        return
+    base = {k: v for k, v in recipe.to_dict().items() if k != "search"}
+    for key, dist in recipe.search.space.items():
+        sample = dist.choices[0] if dist.type == "categorical" else int(dist.low) if dist.type == "int" else dist.low
+        try:
+            trial = validate_recipe(apply_values(base, {key: sample}), recipe.source)
+            trial = dataclasses.replace(trial, training=resolve_schedule(trial.training, trial.optim))
+            build_training_arguments(trial)
+        except HfTuneError as err:
+            raise RecipeError(f"search.space.{key}", str(err).removeprefix(f"{key}: ")) from None
+
+
+CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_fsdp, _check_push, _check_training_arguments,
+                                                 _check_search_samples)

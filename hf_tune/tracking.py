@@ -85,16 +85,22 @@ TRACKER_ENV = ("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "
 
 
 @contextlib.contextmanager
-def tracking_scope(recipe: Recipe, run_dir: Path):
+def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None):
     """The trackers' settings for this run only: set on entry (what the environment already held wins), and on exit
-    the tracker runs are closed and the environment is as it was. So a second run in one process (a notebook, the
-    folds of ``hf-tune cv``) gets its own W&B / MLflow run, not the first one's id, name and folder."""
+    the environment is as it was. So a second run in one process (a notebook, the folds of ``hf-tune cv``) gets its
+    own W&B / MLflow run, not the first one's id, name and folder. The tracker runs this run opened are closed, and
+    ``trainer`` stops reporting to them (its later ``evaluate()`` returns metrics without logging them); a run the
+    user had open before is left open."""
     saved = {key: os.environ.get(key) for key in TRACKER_ENV}
+    before = _open_tracker_runs()
     try:
         configure_tracking(recipe, run_dir)
         yield
     finally:
-        _finish_tracker_runs()
+        closed = _finish_tracker_runs(recipe, before)
+        if trainer is not None:
+            for callback in closed:
+                trainer.remove_callback(callback)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -102,14 +108,28 @@ def tracking_scope(recipe: Recipe, run_dir: Path):
                 os.environ[key] = value
 
 
-def _finish_tracker_runs() -> None:
-    if "wandb" in sys.modules:
-        wandb = sys.modules["wandb"]
+def _open_tracker_runs() -> dict[str, object]:
+    wandb, mlflow = sys.modules.get("wandb"), sys.modules.get("mlflow")
+    return {"wandb": wandb.run if wandb is not None else None,
+            "mlflow": mlflow.active_run() if mlflow is not None else None}
+
+
+def _finish_tracker_runs(recipe: Recipe, before: dict[str, object]) -> list[type]:
+    """Close the runs opened since ``before`` by the trackers the recipe reports to; their callback classes."""
+    from transformers.integrations import MLflowCallback, WandbCallback
+
+    targets, closed = report_targets(recipe), []
+    wandb, mlflow = sys.modules.get("wandb"), sys.modules.get("mlflow")
+    if ("wandb" in targets or "all" in targets) and wandb is not None and before["wandb"] is None:
         if wandb.run is not None:
             wandb.finish()
         wandb.teardown()  # W&B reads WANDB_* once per process setup: the next run must set up anew
-    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
-        sys.modules["mlflow"].end_run()
+        closed.append(WandbCallback)
+    if ("mlflow" in targets or "all" in targets) and mlflow is not None and before["mlflow"] is None:
+        if mlflow.active_run() is not None:
+            mlflow.end_run()
+        closed.append(MLflowCallback)
+    return closed
 
 
 def configure_tracking(recipe: Recipe, run_dir: Path) -> None:

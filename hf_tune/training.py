@@ -31,7 +31,7 @@ def train(recipe: Recipe):
     check_distributed(args)  # a launch that is not really distributed is refused before the ranks talk
     resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
     run = build_run(recipe, args)  # bad data or a bad model fails here, before anything is written
-    with tracking_scope(recipe, run_dir):  # this run's tracker settings; the process environment is restored after
+    with tracking_scope(recipe, run_dir, run.trainer):  # this run's tracker settings, restored after
         return _train(run, resume, started)
 
 

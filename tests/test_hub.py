@@ -205,22 +205,13 @@ def test_push_without_a_token_fails_before_any_request(lora_run):
     assert hub.requests == []
 
 
-def test_push_to_hub_in_the_recipe_is_checked_when_the_recipe_loads(tmp_path, tiny_llama_dir, monkeypatch):
-    from hf_tune import hub
-
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setattr(hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", push_to_hub=True, hub_model_id="alice/x")
-    with pytest.raises(HfTuneError, match="training.push_to_hub: .*no Hugging Face token"):
-        load_recipe(raw)
+def test_push_to_hub_in_the_recipe_is_refused_for_hf_tune_push(tmp_path, tiny_llama_dir, monkeypatch):
+    """Trainer's own push would upload run.json, tracker logs and an adapter_config.json naming a local base."""
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setattr(hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
-    hub.hub_is_reachable.cache_clear()
-    try:
-        with pytest.raises(HfTuneError, match="training.push_to_hub: .*cannot be reached"):
-            load_recipe(raw)
-    finally:
-        hub.hub_is_reachable.cache_clear()
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", push_to_hub=True, hub_model_id="alice/x")
+    with pytest.raises(HfTuneError, match=r"(?s)training.push_to_hub: .*run.json.*fix: .*hf-tune push RUN_DIR"):
+        load_recipe(raw)
+    assert not (tmp_path / "run").exists()
 
 
 def test_model_card_names_the_hub_id_of_an_embedded_base_model():

@@ -167,7 +167,7 @@ def test_gradient_accumulation_equals_the_full_batch_and_a_hand_computed_step(tm
 
 
 def test_sdpa_varlen_runs_each_flattened_example_apart_forward_and_backward(tiny_llama_dir, smol_tokenizer):
-    """The default causal-LM attention (hf_tune/attention.py) on a flattened row of ragged examples: the loss and
+    """The default causal-LM attention (hf_tune/model/attention.py) on a flattened row of ragged examples: the loss and
     every gradient equal those of the examples run one by one through transformers' SDPA (GQA model: 4 query heads
     on 2 key-value heads)."""
     from transformers import AutoModelForCausalLM

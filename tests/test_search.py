@@ -360,3 +360,11 @@ def test_hf_tune_search_stays_the_function_after_the_python_m_entry_point_is_imp
             "assert inspect.isfunction(hf_tune.search), hf_tune.search\nprint('function')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("function"), result.stderr[-2000:]
+
+
+def test_a_searched_value_that_the_schedule_refuses_is_caught_when_the_recipe_loads(tmp_path, tiny_llama_dir):
+    space = {"training.lr_scheduler_type": {"type": "categorical", "choices": ["linear", "cosine"]}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 2})
+    raw["optim"] = {"min_lr_ratio": 0.1}  # a floor for the cosine schedule: not for a linear one
+    with pytest.raises(HfTuneError, match=r"search.space.training.lr_scheduler_type: optim.min_lr_ratio"):
+        load_recipe(raw)

@@ -20,7 +20,9 @@ def test_two_runs_in_one_process_get_two_wandb_runs_each_in_its_own_folder(tmp_p
     for name in ("first", "second"):
         raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=1, report_to="wandb")
         raw["tracking"] = {"project": "from-recipe", "name": name}
-        train(load_recipe(raw))
+        trainer = train(load_recipe(raw))
+        assert "eval_loss" in trainer.evaluate(trainer.train_dataset)  # the returned trainer still works: it no
+        # longer reports to the W&B run it closed (wandb.log without a run would raise)
         run_id = (tmp_path / name / "wandb_run_id").read_text().strip()
         logged = list((tmp_path / name / "wandb").glob("offline-run-*"))
         assert [p.name.endswith(f"-{run_id}") for p in logged] == [True], logged  # this run's id, in its folder

@@ -1,5 +1,5 @@
 """Models: loading (local folders, Hub ids, GGUF, embedded packages), the attention choice, LoRA wrapping."""
 
-from hf_tune.model.loading import build_model, build_model_and_tokenizer, build_tokenizer, model_class
+from hf_tune.model.loading import build_model, build_tokenizer, model_class
 
-__all__ = ["build_model", "build_model_and_tokenizer", "build_tokenizer", "model_class"]
+__all__ = ["build_model", "build_tokenizer", "model_class"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from hf_tune.errors import RecipeError, stage_errors
+from hf_tune.errors import HfTuneError, RecipeError, stage_errors
 from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
 from hf_tune.network import hub_is_reachable
@@ -49,10 +49,9 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     kwargs = {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
               "dtype": m.dtype, "attn_implementation": m.attn_implementation, "num_labels": m.num_labels}
     if task.class_labels:
-        if labels is None:  # called alone (a notebook): read them from the data; build_run passes them
-            from hf_tune.data import dataset_labels
-
-            labels = dataset_labels(recipe)
+        if labels is None:
+            raise HfTuneError(f"model.task {m.task!r} needs the class names of the training data: build_model(recipe, "
+                              "tokenizer, labels), or build_model_and_tokenizer(recipe), which reads them")
         if m.num_labels is not None and m.num_labels != len(labels):
             raise RecipeError("model.num_labels", f"is {m.num_labels} but data.train has {len(labels)} classes "
                               f"({labels[:10]})", fix="remove model.num_labels: it is read from the data")
@@ -126,11 +125,6 @@ def model_class(recipe: Recipe, model=None) -> type:
     config = _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
                               revision=m.revision, gguf_file=m.gguf_file, trust_remote_code=m.trust_remote_code)
     return task_of(m.task).model_class._model_mapping[type(config)]
-
-
-def build_model_and_tokenizer(recipe: Recipe):
-    tokenizer = build_tokenizer(recipe)
-    return build_model(recipe, tokenizer), tokenizer
 
 
 def _blame_model_key(recipe: Recipe):

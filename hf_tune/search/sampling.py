@@ -69,11 +69,6 @@ def make_sampler(search: SearchSection):
         kind(**kwargs)
     except TypeError as err:
         raise RecipeError("search.sampler_kwargs", str(err)) from None
-    startup = kwargs.get("n_startup_trials", 10)
-    if search.sampler == "tpe" and startup >= search.n_trials:
-        logger.warning("search: TPE samples its first %d trials at random, and search.n_trials is %d, so this study "
-                       "is a random search; set search.sampler_kwargs.n_startup_trials below n_trials", startup,
-                       search.n_trials)
     return TrialSeededSampler(lambda seed: kind(seed=seed, **kwargs), search.seed)
 
 
@@ -111,3 +106,13 @@ def make_pruner(search: SearchSection):
         return kinds[search.pruner](**kwargs)
     except TypeError as err:
         raise RecipeError("search.pruner_kwargs", str(err)) from None
+
+
+def warn_if_random_search(search: SearchSection) -> None:
+    """TPE samples its first ``n_startup_trials`` (Optuna's default: 10) at random: a study no longer than that is a
+    random search, whatever it says. Said once per search."""
+    startup = search.sampler_kwargs.get("n_startup_trials", 10)
+    if search.sampler == "tpe" and startup >= search.n_trials:
+        logger.warning("search: TPE samples its first %d trials at random, and search.n_trials is %d, so this study "
+                       "is a random search; set search.sampler_kwargs.n_startup_trials below n_trials", startup,
+                       search.n_trials)

@@ -23,7 +23,8 @@ from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.model import build_model
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
-from hf_tune.search.sampling import directions_for, make_pruner, make_sampler, suggest, trial_recipe, typed
+from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, suggest, trial_recipe, typed,
+                                     warn_if_random_search)
 from hf_tune.search.storage import make_storage
 from hf_tune.search.summary import summarize
 
@@ -38,6 +39,7 @@ def search(recipe: Recipe) -> dict:
     study_dir = Path(spec.output_dir or recipe.training["output_dir"])
     study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
     base = base_recipe(recipe, study_dir)
+    warn_if_random_search(spec)
     hooks = TrialHooks(base, spec)
     trainer = build_run(base, trial_hooks=hooks).trainer  # each trial builds only its model
     record_trial_errors(trainer)
