@@ -11,11 +11,12 @@ from hf_tune.run import recipe_arguments, user_errors
 
 
 def _validate(args) -> None:
+    from hf_tune.optim.schedule import resolved_recipe_dict
     from hf_tune.preflight import load_recipe
     from hf_tune.redaction import redact_secrets
 
     recipe = load_recipe(args.recipe, args.overrides)
-    print(yaml.safe_dump(redact_secrets(recipe.to_dict()), sort_keys=False), end="")
+    print(yaml.safe_dump(redact_secrets(resolved_recipe_dict(recipe)), sort_keys=False), end="")
 
 
 def _train(args) -> None:

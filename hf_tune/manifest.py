@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_tune import run_folder
+from hf_tune.optim.schedule import resolved_recipe_dict
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 
@@ -54,7 +55,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
     if args.device.type == "cuda":
         device += f" ({torch.cuda.get_device_name(args.device)})"
     manifest = {
-        "recipe": recipe.to_dict(),
+        "recipe": resolved_recipe_dict(recipe),
         "command": sys.argv,
         "packages": package_versions(),
         "git": git_state(Path.cwd()),

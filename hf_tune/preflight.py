@@ -25,9 +25,9 @@ from hf_tune.training_args import build_training_arguments
 
 def load_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str] | None = None) -> Recipe:
     """Read a recipe (a YAML path or a dict), apply ``section.key=value`` overrides, validate every section, and
-    run the preflight checks: everything that can fail before the first step fails here."""
+    run the preflight checks: everything that can fail before the first step fails here. The schedule is resolved
+    when TrainingArguments are built (and shown resolved in recipe.yaml and ``hf-tune validate``)."""
     recipe = read_recipe(recipe, overrides)
-    recipe = dataclasses.replace(recipe, training=resolve_schedule(recipe.training, recipe.optim))
     preflight(recipe)
     return recipe
 
@@ -99,7 +99,9 @@ def _check_fsdp(recipe: Recipe) -> None:
 
 
 def _check_training_arguments(recipe: Recipe) -> None:
-    build_training_arguments(recipe)  # TrainingArguments' own cross-field checks, reported by recipe key
+    """The schedule (optim.min_lr_ratio against training.lr_scheduler_type), then TrainingArguments' own cross-field
+    checks, reported by recipe key."""
+    build_training_arguments(recipe)
 
 
 def _check_search_samples(recipe: Recipe) -> None:

@@ -12,6 +12,7 @@ from hf_tune.build import Run, build_run
 from hf_tune.checkpoints import resume_checkpoint
 from hf_tune.distributed import check_distributed
 from hf_tune.manifest import now, write_manifest
+from hf_tune.optim.schedule import resolved_recipe_dict
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 from hf_tune.report import write_report
@@ -64,7 +65,7 @@ def _train(run: Run, resume: str | None, started: str):
 def save_resolved_recipe(recipe: Recipe, output_dir: Path) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / run_folder.RECIPE
-    path.write_text(yaml.safe_dump(redact_secrets(recipe.to_dict()), sort_keys=False))
+    path.write_text(yaml.safe_dump(redact_secrets(resolved_recipe_dict(recipe)), sort_keys=False))
     return path
 
 

@@ -368,3 +368,21 @@ def test_a_searched_value_that_the_schedule_refuses_is_caught_when_the_recipe_lo
     raw["optim"] = {"min_lr_ratio": 0.1}  # a floor for the cosine schedule: not for a linear one
     with pytest.raises(HfTuneError, match=r"search.space.training.lr_scheduler_type: optim.min_lr_ratio"):
         load_recipe(raw)
+
+
+def test_a_searched_floor_of_the_schedule_is_the_floor_each_trial_trains_with(tmp_path, tiny_llama_dir):
+    """optim.min_lr_ratio is not a TrainingArguments key: each trial's schedule must still follow its value (a study
+    of one trial per value, so that each trial's checkpoint stays to be read)."""
+    lowest = {}
+    for ratio in (0.0, 0.5):
+        space = {"optim.min_lr_ratio": {"type": "categorical", "choices": [ratio]}}
+        raw = search_recipe(tiny_llama_dir, tmp_path / f"study-{ratio}", {"space": space, "n_trials": 1},
+                            max_steps=6, warmup_steps=0, logging_steps=1, save_strategy="steps", save_steps=6)
+        search(load_recipe(raw))
+        state = tmp_path / f"study-{ratio}" / "trial-0" / "checkpoint-6" / "trainer_state.json"
+        rates = [entry["learning_rate"] for entry in json.loads(state.read_text())["log_history"]
+                 if "learning_rate" in entry]
+        lowest[ratio] = min(rates)
+    peak = raw["training"]["learning_rate"]
+    assert lowest[0.5] >= 0.5 * peak - 1e-12  # never below its floor
+    assert lowest[0.0] < 0.5 * peak  # the trial without a floor goes below it: the trials differ

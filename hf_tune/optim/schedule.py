@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_tune.errors import RecipeError
-from hf_tune.recipe.schema import OptimSection
+from hf_tune.recipe.schema import OptimSection, Recipe
 
 COSINE_SCHEDULES = ("cosine", "cosine_with_min_lr")
 
@@ -23,10 +23,24 @@ def resolve_schedule(training: dict[str, Any], optim: OptimSection) -> dict[str,
         if ratio:
             raise RecipeError("optim.min_lr_ratio", f"is a floor for the cosine schedule, but "
                               f"training.lr_scheduler_type is {kind!r}", fix="remove optim.min_lr_ratio, or use cosine")
-        return dict(training)
+        resolved = dict(training)
+        kwargs = dict(training.get("lr_scheduler_kwargs") or {})
+        if "min_lr_rate" in kwargs:  # only cosine_with_min_lr takes it (a search trial switching from the default)
+            kwargs.pop("min_lr_rate")
+            resolved["lr_scheduler_kwargs"] = kwargs
+        return resolved
     kwargs = dict(training.get("lr_scheduler_kwargs") or {})
     if "min_lr" in kwargs or ("min_lr_rate" in kwargs and kwargs["min_lr_rate"] != ratio and ratio):
         raise RecipeError("training.lr_scheduler_kwargs", "sets the floor of the schedule; so does optim.min_lr_ratio",
                           fix="set only optim.min_lr_ratio (a ratio of each group's peak LR)")
     kwargs["min_lr_rate"] = kwargs.get("min_lr_rate", ratio)
     return {**training, "lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": kwargs}
+
+
+def resolved_recipe_dict(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as plain data with its schedule made explicit: what recipe.yaml, run.json and ``hf-tune validate``
+    show. The ``Recipe`` itself keeps the keys as written, so a search trial that changes optim.min_lr_ratio or
+    training.lr_scheduler_type resolves its own schedule."""
+    resolved = recipe.to_dict()
+    resolved["training"] = resolve_schedule(recipe.training, recipe.optim)
+    return resolved

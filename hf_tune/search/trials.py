@@ -21,6 +21,7 @@ import optuna
 from hf_tune.build import Run, build_run
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.model import build_model
+from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
 from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, suggest, trial_recipe, typed,
@@ -99,7 +100,14 @@ class TrialHooks:
         return model
 
     def hp_space(self, trial) -> dict[str, Any]:
-        return {k.removeprefix("training."): v for k, v in self.sample(trial).items() if k.startswith("training.")}
+        """The trial's TrainingArguments values: its training keys, and the schedule resolved from its optim and
+        training keys (Trainer sets only these on its arguments, so a searched optim.min_lr_ratio acts here)."""
+        values = self.sample(trial)
+        current = trial_recipe(self.base, values)
+        schedule = resolve_schedule(current.training, current.optim)
+        space = {k.removeprefix("training."): v for k, v in values.items() if k.startswith("training.")}
+        space.update({key: schedule[key] for key in ("lr_scheduler_type", "lr_scheduler_kwargs") if key in schedule})
+        return space
 
     def compute_objective(self, results: dict[str, float]):
         missing = [m for m in self.metrics if m != "trainable_params" and m not in results]
