@@ -111,9 +111,8 @@ def _check_search_samples(recipe: Recipe) -> None:
         return
     base = {k: v for k, v in recipe.to_dict().items() if k != "search"}
     for key, dist in recipe.search.space.items():
-        sample = dist.choices[0] if dist.type == "categorical" else int(dist.low) if dist.type == "int" else dist.low
         try:
-            trial = validate_recipe(apply_values(base, {key: sample}), recipe.source)
+            trial = validate_recipe(apply_values(base, {key: dist.first_value}), recipe.source)
             trial = dataclasses.replace(trial, training=resolve_schedule(trial.training, trial.optim))
             build_training_arguments(trial)
         except HfTuneError as err:

@@ -133,6 +133,11 @@ class Distribution(_Section):
     step: float | None = None
     choices: list[Any] | None = None
 
+    @property
+    def first_value(self) -> Any:
+        """The first choice, or the low end in the declared type: the value a recipe is checked with."""
+        return self.choices[0] if self.type == "categorical" else int(self.low) if self.type == "int" else self.low
+
     @model_validator(mode="after")
     def _consistent(self) -> "Distribution":
         if self.type == "categorical":

@@ -77,9 +77,8 @@ def _check_search_space(recipe: Recipe) -> None:
                               "(data keys would need the data tokenized again for every trial)")
         if section == "lora" and recipe.lora is None:
             raise RecipeError(path, "the recipe has no lora section", fix="add a lora section to search its keys")
-        sample = dist.choices[0] if dist.type == "categorical" else int(dist.low) if dist.type == "int" else dist.low
         try:
-            validate_recipe(apply_values(base, {key: sample}))
+            validate_recipe(apply_values(base, {key: dist.first_value}))
         except HfTuneError as err:
             raise RecipeError(path, str(err).removeprefix(f"{key}: ")) from None
 

@@ -72,6 +72,7 @@ class TrialHooks:
         self.base, self.spec = base, spec
         self.metrics = search_metrics(spec)
         self.run: Run | None = None  # attached by build_run, before the trainer (which calls model_init) exists
+        self._trial_recipe: tuple[int | None, Recipe | None] = (None, None)
 
     def attach(self, run: Run) -> None:
         self.run = run
@@ -83,6 +84,12 @@ class TrialHooks:
     def sample(self, trial) -> dict[str, Any]:  # Optuna returns the same value when a trial suggests a key again
         return {key: typed(dist, suggest(trial, key, dist)) for key, dist in self.spec.space.items()}
 
+    def trial_recipe(self, trial) -> Recipe:
+        """The base recipe with the trial's values, validated once per trial (model_init and hp_space both ask)."""
+        if self._trial_recipe[0] != trial.number:
+            self._trial_recipe = (trial.number, trial_recipe(self.base, self.sample(trial)))
+        return self._trial_recipe[1]
+
     def model_init(self, trial=None):
         current = self.base
         if trial is not None:
@@ -92,7 +99,7 @@ class TrialHooks:
             args = self.run.args
             logger.info("rank %d of %d: trial %s with %s", args.process_index, args.world_size, trial.number,
                         values)
-            current = trial_recipe(self.base, values)
+            current = self.trial_recipe(trial)
             self.trainer.optim = current.optim  # the groups of this trial's optimizer
         model = build_model(current, self.run.tokenizer, self.run.data.labels)
         if trial is not None and hasattr(trial, "set_user_attr"):
@@ -103,7 +110,7 @@ class TrialHooks:
         """The trial's TrainingArguments values: its training keys, and the schedule resolved from its optim and
         training keys (Trainer sets only these on its arguments, so a searched optim.min_lr_ratio acts here)."""
         values = self.sample(trial)
-        current = trial_recipe(self.base, values)
+        current = self.trial_recipe(trial)
         schedule = resolve_schedule(current.training, current.optim)
         space = {k.removeprefix("training."): v for k, v in values.items() if k.startswith("training.")}
         space.update({key: schedule[key] for key in ("lr_scheduler_type", "lr_scheduler_kwargs") if key in schedule})
