@@ -14,15 +14,24 @@ from typing import Any
 
 from transformers import TrainingArguments, set_seed
 
-from hf_tune.data import TrainingData, build_training_data, dataset_labels
+from hf_tune.data import TrainingData, build_training_data, data_seed, dataset_labels
+from hf_tune.data.preference import load_method_data
 from hf_tune.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import stage_errors
+from hf_tune.methods import method_of
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
 from hf_tune.tasks import task_of
 from hf_tune.trainer import HfTuneTrainer, build_trainer
 from hf_tune.training_args import build_training_arguments
+
+
+def build_method_data(recipe: Recipe, args: TrainingArguments) -> TrainingData:
+    """A TRL method's examples in TRL's layout (its trainer tokenizes them), checked row by row."""
+    with args.main_process_first(desc="reading datasets"):
+        train, evaluation = load_method_data(recipe.data, recipe.method, data_seed(recipe))
+    return TrainingData(train, evaluation, labels=None)
 
 
 def build_model_and_tokenizer(recipe: Recipe):
@@ -56,13 +65,16 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
         check_distributed(args)
     fit_cpu_threads(args)
     tokenizer = build_tokenizer(recipe)
+    method = method_of(recipe.method)
     if data is None:
-        data = build_training_data(recipe, tokenizer, args)
+        data = build_method_data(recipe, args) if method.uses_trl else build_training_data(recipe, tokenizer, args)
     run = Run(recipe, args, tokenizer, data, model=None)
     extra = {}
     if trial_hooks is None:
         set_seed(args.seed)
-        run.model = build_model(recipe, tokenizer, data.labels)
+        # TRL's trainers wrap the model with the recipe's LoRA themselves: the reference is the adapter disabled
+        run.model = build_model(dataclasses.replace(recipe, lora=None) if method.uses_trl else recipe, tokenizer,
+                                data.labels)
     else:
         trial_hooks.attach(run)  # model_init builds each trial's model from the run's tokenizer and labels
         extra["model_init"] = trial_hooks.model_init

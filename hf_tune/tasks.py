@@ -19,6 +19,7 @@ class Task:
     eval_metrics: tuple[str, ...]  # what its evaluation reports besides the evaluation section's metrics
     recipe_metrics: bool  # computes evaluation.metrics (argmax of the logits against the labels)
     class_labels: bool  # a head over classes named by the data (id2label / label2id in the model config)
+    num_labels: int | None = None  # a head of a fixed width (a reward model's one score)
 
     @property
     def model_class(self) -> type:
@@ -37,6 +38,11 @@ TASKS = {
         "sequence_classification", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification",
         "SEQ_CLS", "text-classification", formats=("classification",), causal=False, eval_metrics=("eval_loss",),
         recipe_metrics=True, class_labels=True),
+    # method: reward (hf_tune.methods): one score per sequence, trained on chosen / rejected pairs
+    "reward_model": Task(
+        "reward_model", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification", "SEQ_CLS",
+        "text-classification", formats=("preference",), causal=False, eval_metrics=("eval_loss", "eval_accuracy"),
+        recipe_metrics=False, class_labels=False, num_labels=1),
 }
 DEFAULT_TASK = "causal_lm"
 

@@ -1,8 +1,11 @@
-"""HfTuneTrainer: the one ``transformers.Trainer`` subclass, extended only through Trainer's own hooks."""
+"""hf_tune's Trainer features as a mixin, extended only through Trainer's own hooks: over ``transformers.Trainer``
+(``HfTuneTrainer``, method sft) and over TRL's trainers (the other methods, ``method_trainer_class``)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -13,29 +16,36 @@ from hf_tune.checkpoints import CheckpointMarker, NonFiniteLoss, last_complete_c
 from hf_tune.data import build_collator, causal_lm_loss
 from hf_tune.errors import HfTuneError
 from hf_tune.evaluation import build_callbacks, build_compute_metrics
+from hf_tune.methods import method_of
 from hf_tune.model.attention import loaded_attn_implementation
 from hf_tune.model.loading import model_class
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection, Recipe
+from hf_tune.reference import ReferenceLogpsCache
 from hf_tune.tasks import task_of
 from hf_tune.throughput import Throughput
 from hf_tune.tracking import RecipeToTrackers
 
 
-class HfTuneTrainer(Trainer):
-    """``Trainer`` whose optimizer gets hf_tune's parameter groups (decay / no decay, layer-wise LR decay, head LR).
+class HfTuneMixin:
+    """hf_tune's features for any ``Trainer`` subclass (placed before it in the bases): the optimizer gets hf_tune's
+    parameter groups (decay / no decay, layer-wise LR decay, head LR), a non-finite loss stops training on every rank
+    before backward, and logs add the LR of the lowest and highest group, throughput (tokens/s, MFU, peak memory:
+    ``hf_tune.throughput``) and, for supervised causal LMs, eval perplexity.
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
     optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
-    scales each group from its own peak. Logs add the LR of the lowest and highest group, throughput (tokens/s,
-    MFU, peak memory: see ``hf_tune.throughput``), and eval perplexity for causal LMs.
+    scales each group from its own peak.
     """
 
-    def __init__(self, *args, optim: OptimSection | None = None, causal: bool = False, **kwargs):
-        """``causal``: next-token training (the task's), which adds eval perplexity and counts attention FLOPs."""
+    def __init__(self, *args, optim: OptimSection | None = None, causal: bool = False,
+                 perplexity: bool | None = None, **kwargs):
+        """``causal``: next-token training (the task's), which counts attention FLOPs; ``perplexity``: eval_loss is a
+        next-token loss, so exp(eval_loss) is reported too (default: ``causal``)."""
         super().__init__(*args, **kwargs)
         self.optim = optim or OptimSection()
         self.causal = causal
+        self.perplexity = causal if perplexity is None else perplexity
         self.throughput = Throughput(causal=causal)
         self.add_callback(self.throughput)
 
@@ -53,7 +63,11 @@ class HfTuneTrainer(Trainer):
 
     @override
     def training_step(self, model, inputs, num_items_in_batch=None):
-        self.throughput.add(inputs)
+        if isinstance(inputs, Mapping) and "input_ids" in inputs:  # GRPO's are prompts, tokenized inside the step
+            counted = inputs
+            if "completion_mask" in inputs and "labels" not in inputs:  # TRL's pairs: the completions are trained
+                counted = {**inputs, "labels": inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)}
+            self.throughput.add(counted)
         return super().training_step(model, inputs, num_items_in_batch)
 
     @override
@@ -119,15 +133,33 @@ class HfTuneTrainer(Trainer):
                 logs["lr_max"] = logs["learning_rate"] * max(peaks) / peaks[0]
         if "loss" in logs or "train_runtime" in logs:  # a training log, or the end of training
             logs.update(self.throughput.metrics(self.accelerator, final="train_runtime" in logs))
-        if "eval_loss" in logs and self.causal:
+        if "eval_loss" in logs and self.perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
+
+
+class HfTuneTrainer(HfTuneMixin, Trainer):
+    """``Trainer`` with hf_tune's features (``HfTuneMixin``): the trainer of method sft."""
+
+
+@functools.cache
+def method_trainer_class(name: str) -> type:
+    """The trainer class of a method: ``HfTuneTrainer``, or hf_tune's mixins over the method's TRL trainer (with the
+    cached reference log-probabilities where the method has a reference model)."""
+    method = method_of(name)
+    if not method.uses_trl:
+        return HfTuneTrainer
+    upstream = method.trainer
+    bases = (ReferenceLogpsCache, HfTuneMixin, upstream) if method.reference else (HfTuneMixin, upstream)
+    return type(f"HfTune{upstream.__name__}", bases, {"__doc__": f"{upstream.__name__} with hf_tune's features."})
 
 
 def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
                   **kwargs) -> HfTuneTrainer:
     """The trainer of a recipe; ``model`` may be None when ``model_init`` is given (search). The collator follows the
     attention the model runs, and without a model the one it will choose."""
+    if method_of(recipe.method).uses_trl:
+        return _build_method_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs)
     task = task_of(recipe.model.task)
     attention = loaded_attn_implementation(model) if model is not None else None
     return HfTuneTrainer(
@@ -144,3 +176,25 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
         causal=task.causal,
         **kwargs,
     )
+
+
+def _build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs):
+    """A TRL method's trainer. TRL wraps the model with the recipe's LoRA itself (``peft_config``), so that its
+    reference is the base with the adapter disabled, and tokenizes the data in its own layouts."""
+    method, task = method_of(recipe.method), task_of(recipe.model.task)
+    if "model_init" in kwargs:
+        raise HfTuneError(f"method {method.name!r}: {method.trainer.__name__} builds on one model, so a search "
+                          "cannot build one per trial through model_init")
+    extra = {}
+    if recipe.lora is not None:
+        from peft import LoraConfig
+
+        extra["peft_config"] = LoraConfig(task_type=task.peft_task_type, **recipe.lora)
+    if method.generates:
+        from hf_tune.rewards import build_reward_funcs
+
+        extra["reward_funcs"] = build_reward_funcs(recipe.rewards)
+    return method_trainer_class(method.name)(
+        model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
+        callbacks=[CheckpointMarker(), RecipeToTrackers(recipe), *build_callbacks(recipe.evaluation)],
+        optim=recipe.optim, causal=task.causal, perplexity=False, **extra, **kwargs)

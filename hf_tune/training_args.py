@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from transformers import TrainingArguments
 
 from hf_tune.distributed import accelerator_available
 from hf_tune.ds_config import init_cpu_deepspeed, load_deepspeed_config
 from hf_tune.errors import RecipeError
+from hf_tune.methods import method_of
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
@@ -21,13 +24,22 @@ def training_kwargs(recipe: Recipe) -> dict:
         kwargs["deepspeed"] = load_deepspeed_config(kwargs["deepspeed"])
     if recipe.data.batch_tokens and "per_device_train_batch_size" not in kwargs:
         kwargs["per_device_train_batch_size"] = 1  # one pack of up to data.batch_tokens tokens per step and device
+    method = method_of(recipe.method)
+    if method.reference and "precompute_ref_log_probs" in _fields(method.config):
+        # computed once and cached across runs (hf_tune.reference): the steps then run no reference forward
+        kwargs.setdefault("precompute_ref_log_probs", True)
     return kwargs
 
 
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
 def build_training_arguments(recipe: Recipe) -> TrainingArguments:
+    """The method's config class (``TrainingArguments``, or TRL's ``DPOConfig`` and the like) from the recipe."""
     kwargs = training_kwargs(recipe)
     init_cpu_deepspeed(kwargs)
     try:
-        return TrainingArguments(**kwargs)
+        return method_of(recipe.method).config(**kwargs)
     except (ValueError, TypeError, ImportError) as err:
         raise RecipeError(blame_key("training", recipe.training, str(err)), f"TrainingArguments refused it: {err}") from err

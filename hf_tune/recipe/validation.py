@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.recipe.checks import check_consistency, check_search
+from hf_tune.methods import DEFAULT_METHOD, METHODS
+from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
                                    Recipe, SearchSection, TrackingSection)
@@ -31,8 +32,9 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     for section in ("model", "data"):
         if not raw.get(section):
             raise RecipeError(section, "required section is missing")
-    model = _parse_section(ModelSection, raw["model"], "model")
-    data = _parse_section(DataSection, raw["data"], "data")
+    method = _parse_method(raw)
+    model = _parse_section(ModelSection, _method_default(raw["model"], "task", method.tasks[0], "model"), "model")
+    data = _parse_section(DataSection, _method_default(raw["data"], "format", method.formats[0], "data"), "data")
     optim = _parse_section(OptimSection, raw.get("optim") or {}, "optim")
     evaluation = _parse_section(EvaluationSection, raw.get("evaluation") or {}, "evaluation")
     hub = _parse_section(HubSection, raw.get("hub") or {}, "hub")
@@ -40,7 +42,6 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
 
     from peft import LoraConfig
-    from transformers import TrainingArguments
 
     lora = raw.get("lora")
     if lora is not None:
@@ -49,12 +50,14 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     training = dict(raw.get("training") or {})
     if training.get("resume_from_checkpoint") is False:  # `false` reads better in YAML than 'never'
         training["resume_from_checkpoint"] = "never"
-    training = check_upstream_kwargs("training", training, TrainingArguments)
+    training = check_upstream_kwargs("training", training, method.config)
     check_training_values(training)
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    hub=hub, search=search, tracking=tracking, source=source)
+                    hub=hub, search=search, tracking=tracking, method=method.name,
+                    rewards=list(raw.get("rewards") or []), source=source)
+    check_method(recipe, raw)
     _check_files(recipe)
     check_consistency(recipe, optim_given="optim" in raw)
     if recipe.search is not None:
@@ -81,6 +84,22 @@ def _check_search_space(recipe: Recipe) -> None:
             validate_recipe(apply_values(base, {key: dist.first_value}))
         except HfTuneError as err:
             raise RecipeError(path, str(err).removeprefix(f"{key}: ")) from None
+
+
+def _parse_method(raw: dict[str, Any]):
+    name = raw.get("method") or DEFAULT_METHOD
+    if not isinstance(name, str) or name not in METHODS:
+        raise RecipeError("method", f"unknown method {name!r}; one of {', '.join(METHODS)}",
+                          fix=did_you_mean(str(name), METHODS))
+    return METHODS[name]
+
+
+def _method_default(values: Any, key: str, default: str, section: str) -> Any:
+    """The section with the method's default for ``key`` where the recipe is silent (the model head of a reward
+    model, the data format of a preference method)."""
+    if not isinstance(values, dict) or key in values:
+        return values
+    return {**values, key: default}
 
 
 def _parse_section(cls: type[BaseModel], values: Any, section: str) -> BaseModel:

@@ -1,0 +1,198 @@
+"""Data of the TRL methods, in TRL's standard layouts, checked row by row before any trainer tokenizes it.
+
+  preference           prompt, chosen, rejected: strings, or lists of {role, content} messages
+                       chosen, rejected only: whole conversations sharing a prompt (the implicit-prompt form)
+                       LLaMA-Factory: ShareGPT `conversations` (+ `system`) with `chosen` / `rejected` messages
+                       ({from, value}), or `instruction` (+ `input`) with `chosen` / `rejected` strings
+  unpaired_preference  prompt, completion, label (true: desirable)       (KTO; a preference set is unpaired for it)
+  prompt_only          prompt: a string or messages; other columns (an `answer`) go to the reward functions (GRPO)
+
+Each layout becomes TRL's own (conversational where the data is), so TRL's trainers apply the chat template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datasets import Dataset
+
+from hf_tune.data.formats import SHAREGPT_ROLES
+from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
+from hf_tune.errors import RecipeError
+from hf_tune.recipe.schema import DataSection, DatasetSource
+
+FORMAT_HELP = {
+    "preference": "'prompt', 'chosen' and 'rejected' (strings or lists of {role, content} messages); or only "
+                  "'chosen' and 'rejected' conversations; or LLaMA-Factory's 'conversations' with 'chosen' / "
+                  "'rejected' messages",
+    "unpaired_preference": "'prompt', 'completion' (strings or messages) and a boolean 'label' (true: desirable)",
+    "prompt_only": "a 'prompt' (a string or a list of {role, content} messages), plus the columns the rewards read",
+}
+
+
+def load_method_data(data: DataSection, method: str, seed: int) -> tuple[Dataset, Dataset | None]:
+    """Train and eval examples of a TRL method in TRL's layout; ``eval_split`` holds out a seeded fraction."""
+    train = _load(data.train, "data.train", data.format, method)
+    if data.eval is not None:
+        return train, _load(data.eval, "data.eval", data.format, method)
+    if data.eval_split:
+        parts = train.train_test_split(test_size=data.eval_split, seed=seed)
+        return parts["train"], parts["test"]
+    return train, None
+
+
+def _load(source: DatasetSource, key: str, format: str, method: str) -> Dataset:
+    dataset = load_source(source, key)
+    files = local_files(source)
+    where = describe_source(source)
+    line_of = (lambda row: line_of_row(files[0], row)) if len(files) == 1 and files[0].suffix == ".jsonl" else None
+
+    def refuse(row: int, column: str, problem: str) -> None:
+        line = line_of(row) if line_of else None
+        place = f"line {line} (example {row + 1} of {len(dataset)})" if line else f"example {row + 1} of {len(dataset)}"
+        raise RecipeError(key, f"{where}, {place}, column {column!r}: {problem}",
+                          fix=f"data.format '{format}' reads {FORMAT_HELP[format]}")
+
+    normalize = {"preference": _preference_row, "unpaired_preference": _unpaired_row, "prompt_only": _prompt_row}[format]
+    _check_columns(dataset.column_names, format, key, where)
+    rows = []
+    for row, example in enumerate(dataset):
+        try:
+            rows.append(normalize(example))
+        except _BadRow as bad:
+            refuse(row, bad.column, bad.problem)
+    keep = [c for c in dataset.column_names if c not in _READ[format]] if format == "prompt_only" else []
+    normalized = Dataset.from_list([{**{c: example[c] for c in keep}, **r} for example, r in zip(dataset, rows)])
+    if format == "preference" and method == "kto":
+        from trl.data_utils import unpair_preference_dataset
+
+        normalized = unpair_preference_dataset(normalized)
+    return normalized
+
+
+_READ = {"preference": ("prompt", "chosen", "rejected", "conversations", "system", "instruction", "input"),
+         "unpaired_preference": ("prompt", "completion", "label"), "prompt_only": ("prompt",)}
+
+
+def _check_columns(columns: list[str], format: str, key: str, where: str) -> None:
+    needed = {"preference": ("chosen", "rejected"), "unpaired_preference": ("prompt", "completion", "label"),
+              "prompt_only": ("prompt",)}[format]
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        raise RecipeError(key, f"format '{format}' needs columns {list(needed)}; missing {missing}, {where} has "
+                          f"{columns}", fix=f"data.format '{format}' reads {FORMAT_HELP[format]}; rename the columns "
+                          "or set data.format to match the data")
+
+
+class _BadRow(Exception):
+    def __init__(self, column: str, problem: str):
+        super().__init__(problem)
+        self.column, self.problem = column, problem
+
+
+def _preference_row(example: dict[str, Any]) -> dict[str, Any]:
+    chosen, rejected = example["chosen"], example["rejected"]
+    if example.get("conversations") is not None:  # LLaMA-Factory (ShareGPT)
+        prompt = _sharegpt(example["conversations"], "conversations")
+        if example.get("system"):
+            prompt = [{"role": "system", "content": example["system"]}, *prompt]
+        chosen, rejected = _one_reply(chosen, "chosen"), _one_reply(rejected, "rejected")
+    elif example.get("instruction") is not None:  # LLaMA-Factory (alpaca)
+        text = example["instruction"] + (f"\n\n{example['input']}" if example.get("input") else "")
+        prompt = [{"role": "user", "content": text}]
+        chosen, rejected = _one_reply(chosen, "chosen"), _one_reply(rejected, "rejected")
+    else:
+        prompt = example.get("prompt")
+        prompt = None if prompt is None else _text_or_messages(prompt, "prompt")
+        chosen, rejected = _text_or_messages(chosen, "chosen"), _text_or_messages(rejected, "rejected")
+    if prompt is None:  # implicit prompt: whole conversations with a shared beginning
+        if not (isinstance(chosen, list) and isinstance(rejected, list)):
+            raise _BadRow("prompt", "is missing: without a prompt, 'chosen' and 'rejected' must be whole conversations")
+        shared = _shared_prefix(chosen, rejected)
+        if shared == 0:
+            raise _BadRow("chosen", "'chosen' and 'rejected' share no prompt: their first messages differ")
+        prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+    elif isinstance(prompt, list) != isinstance(chosen, list) and isinstance(chosen, str):
+        chosen, rejected = _as_reply(chosen), _as_reply(rejected)  # a conversational prompt, string answers
+    for column, answer in (("chosen", chosen), ("rejected", rejected)):
+        if not _text(answer).strip():
+            raise _BadRow(column, "the answer is empty")
+    if _text(chosen).strip() == _text(rejected).strip():
+        raise _BadRow("rejected", "equals 'chosen': a pair must prefer one answer over a different one")
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def _unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
+    prompt = _text_or_messages(example["prompt"], "prompt")
+    completion = _text_or_messages(example["completion"], "completion")
+    if isinstance(prompt, list) and isinstance(completion, str):
+        completion = _as_reply(completion)
+    if not _text(completion).strip():
+        raise _BadRow("completion", "the completion is empty")
+    if not isinstance(example["label"], bool):
+        raise _BadRow("label", f"expected true (desirable) or false, got {example['label']!r}")
+    return {"prompt": prompt, "completion": completion, "label": example["label"]}
+
+
+def _prompt_row(example: dict[str, Any]) -> dict[str, Any]:
+    prompt = _text_or_messages(example["prompt"], "prompt")
+    if not _text(prompt).strip():
+        raise _BadRow("prompt", "the prompt is empty")
+    return {"prompt": prompt}
+
+
+def _text_or_messages(value: Any, column: str) -> str | list[dict[str, str]]:
+    if value is None:
+        raise _BadRow(column, "is missing (null)")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):  # one message
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise _BadRow(column, f"expected a string or a non-empty list of {{role, content}} messages, got {value!r:.60}")
+    messages = []
+    for number, message in enumerate(value, 1):
+        if not isinstance(message, dict):
+            raise _BadRow(column, f"message {number}: expected {{role, content}}, got {message!r:.60}")
+        if "from" in message:
+            messages.extend(_sharegpt([message], column))
+            continue
+        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+            raise _BadRow(column, f"message {number} has keys {sorted(message)}, expected 'role' and 'content' strings")
+        messages.append({"role": message["role"], "content": message["content"]})
+    return messages
+
+
+def _sharegpt(turns: Any, column: str) -> list[dict[str, str]]:
+    if not isinstance(turns, list):
+        raise _BadRow(column, f"expected a list of {{from, value}} turns, got {turns!r:.60}")
+    messages = []
+    for number, turn in enumerate(turns, 1):
+        if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES or not isinstance(turn.get("value"), str):
+            raise _BadRow(column, f"turn {number}: expected {{from: one of {sorted(SHAREGPT_ROLES)}, value: a "
+                                  f"string}}, got {turn!r:.80}")
+        messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]})
+    return messages
+
+
+def _one_reply(value: Any, column: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return _as_reply(value)
+    messages = _text_or_messages(value, column)
+    return [dict(m, role="assistant") for m in messages] if isinstance(messages, list) else _as_reply(messages)
+
+
+def _as_reply(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def _text(value: str | list[dict[str, str]]) -> str:
+    return value if isinstance(value, str) else "".join(m["content"] for m in value if m["role"] == "assistant")
+
+
+def _shared_prefix(a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
+    """Messages that both conversations begin with, ending before the first assistant message that differs."""
+    shared = 0
+    while shared < min(len(a), len(b)) - 1 and a[shared] == b[shared]:
+        shared += 1
+    return shared
