@@ -6,44 +6,18 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from hf_tune import run_folder
-from hf_tune.optim.schedule import resolved_recipe_dict
+from hf_tune.lineage import run_lineage
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
-
-PACKAGES = ("hf_tune", "torch", "transformers", "datasets", "accelerate", "peft", "deepspeed", "optuna", "evaluate",
-            "wandb")
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"python": sys.version.split()[0]}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
-
-
-def git_state(folder: Path) -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        return {"commit": commit or None, "dirty": bool(git("status", "--porcelain")) if commit else None}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any], start_time: str,
@@ -54,18 +28,19 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
     device = str(args.device)
     if args.device.type == "cuda":
         device += f" ({torch.cuda.get_device_name(args.device)})"
+    lineage = run_lineage(recipe, datasets)  # recipe, base model, data fingerprints, git, packages: one function
     manifest = {
-        "recipe": resolved_recipe_dict(recipe),
+        "recipe": lineage["recipe"],
+        "base_model": lineage["base_model"],
         "command": sys.argv,
-        "packages": package_versions(),
-        "git": git_state(Path.cwd()),
+        "packages": lineage["packages"],
+        "git": lineage["git"],
         "host": platform.node(),
         "platform": platform.platform(),
         "world_size": args.world_size,
         "device": device,
         "cpu_threads": torch.get_num_threads(),
-        "datasets": {name: {"fingerprint": ds._fingerprint, "examples": len(ds)} for name, ds in datasets.items()
-                     if ds is not None},
+        "datasets": lineage["datasets"],
         "start_time": start_time,
         "end_time": end_time,
         "metrics": metrics or {},

@@ -11,25 +11,14 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 from hf_tune import run_folder
-from hf_tune.model.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
+from hf_tune.lineage import base_model_id, embedded_spec as _embedded  # noqa: F401  (base_model_id: hub.py's)
+from hf_tune.model.embedded import PREFIX
 from hf_tune.redaction import redact_secrets
 from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
 from hf_tune.tasks import Task, task_of
 
 VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
 HUB = "https://huggingface.co"
-
-
-def base_model_id(name: str) -> str | None:
-    """The Hub id of the base model, where there is one (embedded models map to theirs; local folders have none)."""
-    if name.startswith(PREFIX):
-        return spec.hub_id if (spec := _embedded(name)) else None
-    return None if looks_like_local_path(name) else name
-
-
-def _embedded(name: str) -> EmbeddedModel | None:
-    wanted = name.removeprefix(PREFIX).lower()
-    return next((m for key, m in EMBEDDED_MODELS.items() if key.lower() == wanted), None)
 
 
 def _hub_datasets(data: dict) -> list[str]:

@@ -1,12 +1,14 @@
 """Experiment trackers through Trainer's own ``report_to`` integrations, configured from the recipe's ``tracking``
 section: W&B falls back to offline mode instead of crashing, keeps one run across resumes; MLflow defaults to a file
-store in the run folder."""
+store in the run folder, and hf_tune opens the MLflow run itself (name, tags, the flattened recipe and lineage as
+params, one run per run folder across resumes) so that Trainer's ``MLflowCallback`` logs its metrics into it."""
 
 from __future__ import annotations
 
 import configparser
 import contextlib
 import functools
+import json
 import logging
 import netrc
 import os
@@ -81,7 +83,7 @@ def _netrc_has(host: str) -> bool:
 
 
 TRACKER_ENV = ("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "WANDB_DIR", "WANDB_RUN_ID",
-               "WANDB_RESUME", "WANDB_MODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_NAME")
+               "WANDB_RESUME", "WANDB_MODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 
 
 @contextlib.contextmanager
@@ -93,11 +95,19 @@ def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None):
     user had open before is left open."""
     saved = {key: os.environ.get(key) for key in TRACKER_ENV}
     before = _open_tracker_runs()
+    failed, mlflow_run_id = True, None
     try:
         configure_tracking(recipe, run_dir)
+        main = trainer.is_world_process_zero() if trainer is not None else int(os.environ.get("RANK", "0")) == 0
+        if main and _reports_to(recipe, "mlflow") and before["mlflow"] is None:
+            datasets = {"train": trainer.train_dataset, "eval": trainer.eval_dataset} if trainer is not None else {}
+            mlflow_run_id = start_mlflow_run(recipe, run_dir, trainer.args if trainer is not None else None, datasets)
         yield
+        failed = False
     finally:
-        closed = _finish_tracker_runs(recipe, before)
+        if mlflow_run_id is not None:
+            log_run_folder_artifacts(run_dir, mlflow_run_id)
+        closed = _finish_tracker_runs(recipe, before, failed)
         if trainer is not None:
             for callback in closed:
                 trainer.remove_callback(callback)
@@ -114,20 +124,26 @@ def _open_tracker_runs() -> dict[str, object]:
             "mlflow": mlflow.active_run() if mlflow is not None else None}
 
 
-def _finish_tracker_runs(recipe: Recipe, before: dict[str, object]) -> list[type]:
+def _reports_to(recipe: Recipe, tracker: str) -> bool:
+    targets = report_targets(recipe)
+    return tracker in targets or "all" in targets
+
+
+def _finish_tracker_runs(recipe: Recipe, before: dict[str, object], failed: bool = False) -> list[type]:
     """Close the runs opened since ``before`` by the trackers the recipe reports to; their callback classes."""
     from transformers.integrations import MLflowCallback, WandbCallback
 
-    targets, closed = report_targets(recipe), []
+    closed = []
     wandb, mlflow = sys.modules.get("wandb"), sys.modules.get("mlflow")
-    if ("wandb" in targets or "all" in targets) and wandb is not None and before["wandb"] is None:
+    if _reports_to(recipe, "wandb") and wandb is not None and before["wandb"] is None:
         if wandb.run is not None:
             wandb.finish()
         wandb.teardown()  # W&B reads WANDB_* once per process setup: the next run must set up anew
         closed.append(WandbCallback)
-    if ("mlflow" in targets or "all" in targets) and mlflow is not None and before["mlflow"] is None:
+    if _reports_to(recipe, "mlflow") and mlflow is not None and before["mlflow"] is None:
         if mlflow.active_run() is not None:
-            mlflow.end_run()
+            mlflow.flush_async_logging()  # Trainer's callback logs metrics asynchronously
+            mlflow.end_run("FAILED" if failed else "FINISHED")
         closed.append(MLflowCallback)
     return closed
 
@@ -152,11 +168,17 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
                 logger.warning("W&B: %s, so this run logs offline under %s/wandb; sync it later with "
                                "`wandb sync %s/wandb/offline-run-*`", why, run_dir, run_dir)
     if "mlflow" in targets or "all" in targets:
-        os.environ.setdefault("MLFLOW_TRACKING_URI", (run_dir / run_folder.MLFLOW_DIR).resolve().as_uri())
+        if "MLFLOW_TRACKING_URI" not in os.environ:
+            os.environ["MLFLOW_TRACKING_URI"] = run_folder_mlflow_uri(run_dir)
+            (run_dir / run_folder.MLFLOW_DIR).mkdir(parents=True, exist_ok=True)
         if tracking.project:
             os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", tracking.project)
-        if tracking.name:
-            os.environ.setdefault("MLFLOW_RUN_NAME", tracking.name)
+
+
+def run_folder_mlflow_uri(run_dir: Path) -> str:
+    """The default MLflow store: SQLite in ``run_dir/mlruns`` (MLflow 3 refuses a plain file store unless
+    ``MLFLOW_ALLOW_FILE_STORE=true``), artifacts beside it."""
+    return f"sqlite:///{(run_dir / run_folder.MLFLOW_DIR / run_folder.MLFLOW_DB).resolve()}"
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -191,3 +213,121 @@ class RecipeToTrackers(TrainerCallback):
             return
         if wandb.run is not None:
             wandb.config.update({"hf_tune_recipe": self.recipe}, allow_val_change=True)
+
+
+def start_mlflow_run(recipe: Recipe, run_dir: Path, args=None, datasets: dict | None = None) -> str:
+    """Open this run folder's MLflow run as the active run (main process only), so that Trainer's ``MLflowCallback``
+    logs into it instead of starting one named by ``args.run_name`` alone: the recipe's ``tracking`` name and tags
+    reach MLflow, the params are the flattened recipe and lineage (``hf_tune.lineage``), and a resumed run (its id is
+    kept in ``run_dir/mlflow_run_id``, per tracking URI) continues the same MLflow run. The store is
+    ``MLFLOW_TRACKING_URI`` (default: ``run_dir/mlruns``), the experiment ``MLFLOW_EXPERIMENT_NAME`` (default:
+    ``tracking.project``, else MLflow's default experiment). Returns the run id."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from hf_tune.lineage import flat_lineage, run_lineage
+
+    uri = mlflow.get_tracking_uri()  # a URI set in this process (mlflow.set_tracking_uri) wins, as in MLflow
+    client = MlflowClient(uri)
+    tracking = recipe.tracking
+    name = tracking.name or (args.run_name if args is not None else None) or run_dir.name
+    tags = {"hf_tune.run_dir": str(run_dir.resolve())}
+    if tracking.group:
+        tags["group"] = tracking.group
+    for tag in tracking.tags:  # "key=value" is a key and a value; a bare word is a key with no value
+        key, _, value = tag.partition("=")
+        tags[key] = value
+    run_id = _existing_mlflow_run(client, run_dir, uri)
+    if run_id is None:
+        run_id = client.create_run(_experiment_id(client, run_dir, uri), run_name=name, tags=tags).info.run_id
+        _save_mlflow_run_id(run_dir, uri, run_id)
+    else:
+        logger.info("MLflow: continuing run %s of %s", run_id, uri)
+        client.update_run(run_id, status="RUNNING", name=name)
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+    _log_new_params(client, run_id, flat_lineage(run_lineage(recipe, datasets or {})))
+    mlflow.start_run(run_id=run_id)
+    return run_id
+
+
+def _experiment_id(client, run_dir: Path, uri: str) -> str:
+    """``MLFLOW_EXPERIMENT_NAME``'s experiment, created where missing; else MLflow's Default one. In the run folder's
+    own store the experiment is "hf_tune" and keeps its artifacts in the run folder (Default's are in the working
+    directory)."""
+    from mlflow.exceptions import MlflowException
+
+    own_store = uri == run_folder_mlflow_uri(run_dir)
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or ("hf_tune" if own_store else None)
+    if not name:
+        return "0"
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    artifacts = (run_dir / run_folder.MLFLOW_DIR / run_folder.MLFLOW_ARTIFACTS).resolve().as_uri() if own_store else None
+    try:
+        return client.create_experiment(name, artifact_location=artifacts)
+    except MlflowException:  # created meanwhile by another process
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def _existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
+    """The MLflow run this run folder already logged to in this store, if it still exists there."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run_id = json.loads((run_dir / run_folder.MLFLOW_RUN_ID).read_text()).get(uri)
+    except (OSError, ValueError):
+        return None
+    if run_id is None:
+        return None
+    try:
+        return run_id if client.get_run(run_id).info.lifecycle_stage == "active" else None
+    except MlflowException:
+        return None
+
+
+def _save_mlflow_run_id(run_dir: Path, uri: str, run_id: str) -> None:
+    path = run_dir / run_folder.MLFLOW_RUN_ID
+    try:
+        ids = json.loads(path.read_text())
+    except (OSError, ValueError):
+        ids = {}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps({**ids, uri: run_id}, indent=2))
+    os.replace(staging, path)
+
+
+def _log_new_params(client, run_id: str, params: dict[str, str]) -> None:
+    """Log the params the run lacks. MLflow params never change: a resumed run whose recipe or lineage differs keeps
+    its first values and gets the new ones as ``changed_on_resume.KEY`` tags."""
+    from mlflow.entities import Param, RunTag
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+    params = {key: value if len(value) <= MAX_PARAM_VAL_LENGTH else value[:MAX_PARAM_VAL_LENGTH - 1] + "…"
+              for key, value in params.items()}
+    logged = client.get_run(run_id).data.params
+    new = [Param(key, value) for key, value in params.items() if key not in logged]
+    changed = [RunTag(f"changed_on_resume.{key}", value) for key, value in params.items()
+               if key in logged and logged[key] != value]
+    for batch in (new, changed):
+        for i in range(0, len(batch), MAX_PARAMS_TAGS_PER_BATCH):
+            if batch is new:
+                client.log_batch(run_id, params=batch[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+            else:
+                client.log_batch(run_id, tags=batch[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+    if changed:
+        logger.warning("MLflow: the resumed run's %s differ from its first params; MLflow keeps the first values, the "
+                       "new ones are tags changed_on_resume.*", ", ".join(t.key.partition(".")[2] for t in changed))
+
+
+def log_run_folder_artifacts(run_dir: Path, run_id: str) -> None:
+    """The run folder's description into the MLflow run: recipe.yaml, run.json and the plots, where written."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    for name in (run_folder.RECIPE, run_folder.MANIFEST, run_folder.LOSS_PLOT, run_folder.LR_PLOT,
+                 run_folder.EVAL_METRICS_PLOT):
+        if (run_dir / name).is_file():
+            client.log_artifact(run_id, str(run_dir / name))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,3 +76,32 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory) -> str:
+    """A real local MLflow tracking server (SQLite store, served artifacts), started once per session; its URL."""
+    import time
+    import urllib.request
+
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    log = (folder / "server.log").open("w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port",
+                             str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+                             "--artifacts-destination", str(folder / "artifacts")],
+                            cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, (folder / "server.log").read_text()[-3000:]
+        time.sleep(0.3)
+    yield url
+    os.killpg(proc.pid, signal.SIGKILL)  # the server and its uvicorn worker (SIGTERM takes ~9 s to drain)
+    proc.wait(timeout=30)
+    log.close()

@@ -102,7 +102,8 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
 INTEGRATIONS = {"deepspeed": ("deepspeed", "pip install 'hf_tune[deepspeed]'"),
                 "wandb": ("wandb", "pip install 'hf_tune[wandb]'"),
                 "tensorboard": ("tensorboard", "pip install 'hf_tune[tensorboard]'"),
-                "mlflow": ("mlflow", "pip install mlflow")}
+                "mlflow": ("mlflow", "pip install 'hf_tune[mlflow]'"),
+                "trackio": ("trackio", "pip install 'hf_tune[trackio]'")}
 
 
 def _check_integrations_installed(training: dict) -> None:
