@@ -45,7 +45,12 @@ def _search(args) -> None:
     from hf_tune.preflight import load_recipe
     from hf_tune.search import format_summary, search
 
-    print(format_summary(search(load_recipe(args.recipe, args.overrides))))
+    recipe = load_recipe(args.recipe, args.overrides)
+    if args.dashboard:
+        from hf_tune.search.dashboard import dashboard_instructions
+
+        print(dashboard_instructions(recipe), flush=True)
+    print(format_summary(search(recipe)))
 
 
 def _report(args) -> None:
@@ -113,7 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")
     v = recipe_verb("cv", _cv, "stratified k-fold cross-validation of a classification recipe")
     v.add_argument("--folds", type=int, default=5)
-    recipe_verb("search", _search, "hyperparameter search from the recipe's search section (Optuna)")
+    v = recipe_verb("search", _search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)")
+    v.add_argument("--dashboard", action="store_true",
+                   help="first print how to open optuna-dashboard on the study's storage (pip install 'hf_tune[dashboard]')")
 
     v = verbs.add_parser("report", help="plot a run's loss, learning rates and eval metrics into PNG files")
     v.add_argument("run_dir")

@@ -15,6 +15,7 @@ import yaml
 
 from conftest import REPO, chat_recipe, free_port
 from hf_tune import load_recipe, search, train
+from hf_tune.search import format_summary
 from hf_tune.errors import HfTuneError
 from hf_tune.search.storage import make_storage, open_rdb, redact_url
 from hf_tune.recipe.schema import SearchSection
@@ -386,3 +387,149 @@ def test_a_searched_floor_of_the_schedule_is_the_floor_each_trial_trains_with(tm
     peak = raw["training"]["learning_rate"]
     assert lowest[0.5] >= 0.5 * peak - 1e-12  # never below its floor
     assert lowest[0.0] < 0.5 * peak  # the trial without a floor goes below it: the trials differ
+
+
+def tiny_llama_lora_params(model_dir: str, r: int, modules: list[str]) -> int:
+    """LoRA parameters of the tiny Llama for these projections: r x (fan-in + fan-out) per module and layer."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    shapes = {"q_proj": (hidden, hidden), "k_proj": (hidden, config["num_key_value_heads"] * head_dim),
+              "v_proj": (hidden, config["num_key_value_heads"] * head_dim), "o_proj": (hidden, hidden),
+              "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+    return config["num_hidden_layers"] * sum(r * (shapes[m][0] + shapes[m][1]) for m in modules)
+
+
+def test_list_valued_choices_reach_the_trial_and_the_best_recipe_as_lists(tmp_path, tiny_llama_dir):
+    choices = [["q_proj", "v_proj"], "all-linear", ["gate_proj", "up_proj", "down_proj"]]
+    space = {"lora.target_modules": {"type": "categorical", "choices": choices}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "sampler": "grid", "n_trials": 3},
+                        max_steps=2, eval_steps=2)
+    result = search(load_recipe(raw))
+
+    every_linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    stored = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}").trials
+    assert sorted(t.params["lora.target_modules"] for t in stored) == sorted(
+        [json.dumps(c) if isinstance(c, list) else c for c in choices])  # Optuna keeps scalars: the lists' JSON
+    for t in result["trials"]:
+        encoded = t["params"]["lora.target_modules"]
+        modules = every_linear if encoded == "all-linear" else json.loads(encoded)
+        assert t["trainable_params"] == tiny_llama_lora_params(tiny_llama_dir, 4, modules), encoded
+    best_raw = yaml.safe_load(Path(result["best_recipe"]).read_text())
+    best = result["best"][0]["params"]["lora.target_modules"]
+    assert best_raw["lora"]["target_modules"] == (best if best == "all-linear" else json.loads(best))
+    load_recipe(result["best_recipe"])
+
+
+def test_a_conditional_key_is_searched_only_when_its_condition_holds():
+    """Real Optuna trials sample the space (no training): adam_beta2 only with AdamW; a condition on a key the recipe
+    sets holds (model.task) or never does."""
+    from hf_tune.search.sampling import sample_trial
+
+    space = SearchSection(space={
+        "training.adam_beta2": {"type": "float", "low": 0.9, "high": 0.99,
+                                "when": {"training.optim": ["adamw_torch", "adamw_torch_fused"]}},
+        "training.optim": {"type": "categorical", "choices": ["adamw_torch", "sgd"]},
+        "optim.min_lr_ratio": {"type": "float", "low": 0.0, "high": 0.5, "when": {"model.task": "causal_lm"}},
+        "training.weight_decay": {"type": "float", "low": 0.0, "high": 0.1,
+                                  "when": {"model.task": "sequence_classification"}},
+    }).space
+    recipe = {"model": {"task": "causal_lm"}, "training": {"optim": "adamw_torch"}}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    values = []
+    study.optimize(lambda trial: values.append(sample_trial(trial, space, recipe)) or 0.0, n_trials=12)
+
+    assert {v["training.optim"] for v in values} == {"adamw_torch", "sgd"}
+    for trial, v in zip(study.trials, values):
+        assert ("training.adam_beta2" in v) == (v["training.optim"] == "adamw_torch")
+        assert set(trial.params) == set(v)  # Optuna holds only the keys searched in that trial
+        assert "optim.min_lr_ratio" in v and "training.weight_decay" not in v
+
+
+@pytest.mark.parametrize("space, message", [
+    ({"training.adam_beta2": {"type": "float", "low": 0.9, "high": 0.99, "when": {"training.optimm": "sgd"}}},
+     "search.space.training.adam_beta2.when.training.optimm: 'training.optimm' is neither searched nor set"),
+    ({"training.optim": {"type": "categorical", "choices": ["adamw_torch", "sgd"]},
+      "training.adam_beta2": {"type": "float", "low": 0.9, "high": 0.99, "when": {"training.optim": "adafactor"}}},
+     "none of \\['adafactor'\\] is among the choices"),
+    ({"training.adam_beta1": {"type": "float", "low": 0.8, "high": 0.9, "when": {"training.adam_beta2": 0.95}},
+      "training.adam_beta2": {"type": "float", "low": 0.9, "high": 0.99, "when": {"training.adam_beta1": 0.85}}},
+     "conditions form a cycle"),
+    ({"lora.target_modules": {"type": "categorical", "choices": [["q_proj"], '["q_proj"]']}}, "the same choice twice"),
+])
+def test_bad_conditional_or_list_spaces_are_refused_at_load(tmp_path, tiny_llama_dir, space, message):
+    raw = search_recipe(tiny_llama_dir, tmp_path / "s", {"space": space, "sampler": "random"})
+    with pytest.raises(HfTuneError, match=message):
+        load_recipe(raw)
+
+
+def test_gp_sampler_models_the_objective_after_its_startup_trials():
+    from hf_tune.search.sampling import make_sampler
+
+    def objective(trial):
+        return (trial.suggest_float("x", -5, 5) - 1) ** 2
+
+    spec = SearchSection(space={"x": {"type": "float", "low": -5, "high": 5}}, sampler="gp", n_trials=10,
+                         sampler_kwargs={"n_startup_trials": 3})
+    gp = optuna.create_study(sampler=make_sampler(spec))
+    gp.optimize(objective, n_trials=10)
+    random = [optuna.samplers.RandomSampler(seed=42 + k).sample_independent(
+        None, optuna.trial.create_trial(value=0.0), "x", optuna.distributions.FloatDistribution(-5, 5))
+        for k in range(10)]
+    xs = [t.params["x"] for t in gp.trials]
+    assert xs[:3] == random[:3] and xs[3:] != random[3:]
+    # the GP's proposals come closer to the optimum than the seeded random ones the study would otherwise make
+    assert min((x - 1) ** 2 for x in xs[3:]) < min((x - 1) ** 2 for x in random[3:])
+
+
+def test_the_terminator_stops_a_stagnating_study_where_its_rule_says(tmp_path, tiny_llama_dir):
+    space = {"training.learning_rate": {"type": "categorical", "choices": [3e-2, 1e-2, 1e-6, 2e-6, 3e-6, 4e-6]}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {
+        "space": space, "sampler": "random", "n_trials": 6, "terminator": "stagnation",
+        "terminator_kwargs": {"max_stagnation_trials": 1, "min_n_trials": 2}}, lora=None, max_steps=2, eval_steps=2)
+    result = search(load_recipe(raw))
+    values = [t["values"][0] for t in result["trials"]]
+
+    def stagnant(prefix):  # trials since the best one, beyond the allowed 1
+        return len(prefix) >= 2 and (len(prefix) - 1 - prefix.index(min(prefix))) > 1
+
+    expected = next((k for k in range(1, 7) if stagnant(values[:k])), 6)
+    assert len(values) == expected < 6  # with these seeds the study stagnates before its sixth trial
+    assert result["terminated"] == {"by": "stagnation", "after_trials": expected}
+    assert "the Terminator (stagnation) stopped the study" in format_summary(result)
+
+
+@pytest.mark.slow
+def test_dashboard_prints_a_command_that_serves_the_study(tmp_path, tiny_llama_dir, capsys):
+    import urllib.request
+
+    from hf_tune.cli import main as cli_main
+
+    space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1}, lora=None, max_steps=2,
+                        eval_steps=2)
+    recipe = tmp_path / "dash.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    cli_main(["search", str(recipe), "--dashboard"])
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("dashboard: optuna-dashboard ") and "best recipe:" in out
+    command = first.removeprefix("dashboard: ").split()
+    port = free_port()
+    command[command.index("--port") + 1] = str(port)
+    assert command[-1] == f"sqlite:///{(tmp_path / 'study' / 'study.db').resolve()}"
+    server = cli(*command)
+    try:
+        for _ in range(100):
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read().decode()
+                break
+            except OSError:
+                import time
+                time.sleep(0.3)
+        else:
+            pytest.fail(f"optuna-dashboard did not answer: {server.poll()}")
+    finally:
+        server.kill()
+        server.communicate()
+    assert '"study_name": "dash"' in body or '"study_name":"dash"' in body, body[:500]

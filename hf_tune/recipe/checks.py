@@ -9,6 +9,7 @@ from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.schema import Recipe
+from hf_tune.recipe.search_space import check_search_settings
 from hf_tune.tasks import task_of
 
 
@@ -70,7 +71,8 @@ def check_search(recipe: Recipe) -> None:
     if recipe.data.eval is None and recipe.data.eval_split is None:
         raise RecipeError("search", "trials are compared on eval data, and the recipe has none",
                           fix="set data.eval or data.eval_split")
-    if search.pruner != "none":
+    check_search_settings(recipe)  # the space's structure, the backend and its scheduler (recipe.search_space)
+    if search.pruner != "none" and search.backend == "optuna":
         if len(metrics) > 1:
             raise RecipeError("search.pruner", "Optuna cannot prune multi-objective studies", fix="set pruner: none")
         if not evaluating:

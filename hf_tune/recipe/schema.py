@@ -73,6 +73,9 @@ class DataSection(_Section):
     chat_template: str | None = Field(
         default=None, description="Jinja template text or a path to a .jinja file; default: the tokenizer's own"
     )
+    tools: str | list[dict[str, Any]] | None = Field(
+        default=None, description="chat: tool schemas offered to the chat template in every example without its own "
+                                  "'tools' column: a list, or a .json file holding one (hf_tune.data.messages)")
     num_proc: PositiveInt | None = Field(default=None, description="processes for tokenization")
     padding_free: bool | None = Field(
         default=None, description="causal LM: concatenate a batch into one row with restarting position_ids (no pad "

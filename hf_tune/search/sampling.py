@@ -1,5 +1,5 @@
 """What a trial samples and how: the space's values in their declared types, the recipe a trial's values make, the
-sampler (seeded per trial), the pruner, and the direction of each objective."""
+sampler (seeded per trial), the pruner, the Terminator, and the direction of each objective."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hf_tune.recipe.overrides import apply_values
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.validation import validate_recipe
 from hf_tune.recipe.schema import Distribution, SearchSection
+from hf_tune.recipe.search_space import decode_choice, encoded_choices, sample_space
 
 logger = logging.getLogger(__name__)
 LOWER_IS_BETTER = ("loss", "perplexity", "trainable_params")
@@ -28,11 +29,23 @@ def directions_for(search: SearchSection) -> list[str]:
 
 
 def suggest(trial, key: str, dist: Distribution):
+    """The trial's value for ``key``, decoded (a list or mapping choice is suggested as its JSON text)."""
     if dist.type == "categorical":
-        return trial.suggest_categorical(key, dist.choices)
+        return decode_choice(dist, trial.suggest_categorical(key, encoded_choices(dist)))
     if dist.type == "int":
         return trial.suggest_int(key, int(dist.low), int(dist.high), step=int(dist.step or 1), log=dist.log)
     return trial.suggest_float(key, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+def sample_trial(trial, space: dict[str, Distribution], raw: dict[str, Any]) -> dict[str, Any]:
+    """The trial's ``{dotted key: value}`` in declared types: the keys whose condition holds (``raw``: the recipe the
+    trial starts from). Optuna returns the same value when a trial suggests a key again."""
+    return sample_space(space, raw, lambda key, dist: typed(dist, suggest(trial, key, dist)))
+
+
+def params_to_values(space: dict[str, Distribution], params: dict[str, Any]) -> dict[str, Any]:
+    """A finished trial's Optuna params as the recipe values they stand for (decoded, in declared types)."""
+    return {key: typed(space[key], decode_choice(space[key], value)) for key, value in params.items() if key in space}
 
 
 def typed(dist: Distribution, value: Any) -> Any:
@@ -55,14 +68,15 @@ def make_sampler(search: SearchSection):
         grid = {}
         for key, d in search.space.items():
             if d.type == "categorical":
-                grid[key] = d.choices
+                grid[key] = encoded_choices(d)
             else:
                 step = d.step or 1
                 count = int(round((d.high - d.low) / step)) + 1
                 grid[key] = [typed(d, d.low + i * step) for i in range(count)]
         return optuna.samplers.GridSampler(grid, seed=search.seed)
     kind = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
-            "cmaes": optuna.samplers.CmaEsSampler, "nsga2": optuna.samplers.NSGAIISampler}[search.sampler]
+            "cmaes": optuna.samplers.CmaEsSampler, "nsga2": optuna.samplers.NSGAIISampler,
+            "gp": optuna.samplers.GPSampler}[search.sampler]
     kwargs = dict(search.sampler_kwargs)
     kwargs.pop("seed", None)  # search.seed seeds each trial
     try:
@@ -109,10 +123,42 @@ def make_pruner(search: SearchSection):
 
 
 def warn_if_random_search(search: SearchSection) -> None:
-    """TPE samples its first ``n_startup_trials`` (Optuna's default: 10) at random: a study no longer than that is a
-    random search, whatever it says. Said once per search."""
+    """TPE and GP sample their first ``n_startup_trials`` (Optuna's default: 10) at random: a study no longer than
+    that is a random search, whatever it says. Said once per search."""
     startup = search.sampler_kwargs.get("n_startup_trials", 10)
-    if search.sampler == "tpe" and startup >= search.n_trials:
-        logger.warning("search: TPE samples its first %d trials at random, and search.n_trials is %d, so this study "
-                       "is a random search; set search.sampler_kwargs.n_startup_trials below n_trials", startup,
-                       search.n_trials)
+    if search.sampler in ("tpe", "gp") and startup >= search.n_trials:
+        logger.warning("search: %s samples its first %d trials at random, and search.n_trials is %d, so this study "
+                       "is a random search; set search.sampler_kwargs.n_startup_trials below n_trials",
+                       search.sampler.upper(), startup, search.n_trials)
+
+
+def make_terminator(search: SearchSection, cross_validated: bool = False):
+    """Optuna's Terminator for ``search.terminator`` (None for none): it stops the study once the room left for
+    improvement (the evaluator's estimate) falls below the objective's noise. ``stagnation``: no better trial for
+    ``max_stagnation_trials``; ``regret_bound`` / ``emmr``: Gaussian-process estimates, with the noise taken from
+    the folds' scores under cross-validation, else from the median of the early estimates (MedianErrorEvaluator)."""
+    if search.terminator == "none":
+        return None
+    import warnings
+
+    from optuna import terminator as t
+
+    kwargs = dict(search.terminator_kwargs)
+    min_n_trials = kwargs.pop("min_n_trials", None)
+    median = {k: kwargs.pop(k) for k in ("warm_up_trials", "n_initial_trials", "threshold_ratio") if k in kwargs}
+    kind = {"regret_bound": t.RegretBoundEvaluator, "emmr": t.EMMREvaluator,
+            "stagnation": t.BestValueStagnationEvaluator}[search.terminator]
+    with warnings.catch_warnings():  # Optuna marks the terminator module deprecated (removal planned for 6.0)
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            improvement = kind(**kwargs)
+            if search.terminator == "stagnation":
+                error = t.StaticErrorEvaluator(0.0)
+            elif cross_validated:
+                error = t.CrossValidationErrorEvaluator()
+            else:
+                error = t.MedianErrorEvaluator(improvement, **median)
+            default_min = 1 if search.terminator == "stagnation" else t.improvement.evaluator.DEFAULT_MIN_N_TRIALS
+            return t.Terminator(improvement, error, min_n_trials=min_n_trials or default_min)
+        except (TypeError, ValueError) as err:
+            raise RecipeError("search.terminator_kwargs", str(err)) from None

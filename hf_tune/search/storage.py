@@ -14,10 +14,19 @@ from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import SearchSection
 
 
+def storage_url(search: SearchSection, study_dir: Path) -> str:
+    """Where the study lives: ``search.storage``, or the SQLite file ``study_dir/study.db``."""
+    return search.storage or f"sqlite:///{(study_dir / run_folder.STUDY_DB).resolve()}"
+
+
+def is_journal(url: str) -> bool:
+    return url.endswith((".log", ".journal"))
+
+
 def make_storage(search: SearchSection, study_dir: Path):
     """The study's storage: a journal file (``.log``/``.journal``), a database URL, or ``study_dir/study.db``."""
-    url = search.storage or f"sqlite:///{(study_dir / run_folder.STUDY_DB).resolve()}"
-    if url.endswith((".log", ".journal")):  # a journal file: NFS-friendly, several workers
+    url = storage_url(search, study_dir)
+    if is_journal(url):  # a journal file: NFS-friendly, several workers
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(url))

@@ -16,7 +16,7 @@ from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
-from hf_tune.search.sampling import trial_recipe, typed
+from hf_tune.search.sampling import params_to_values, trial_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
                "error": t.user_attrs.get("error")} for t in study.trials]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     result: dict[str, Any] = {"study_name": study.study_name, "metrics": metrics, "trials": trials,
-                              "study_dir": str(study_dir)}
+                              "study_dir": str(study_dir), "terminated": study.user_attrs.get("terminated")}
     running = [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     if not complete and running:  # other workers are still training: the last one to finish writes the summary
         logger.info("search: no trial has completed yet; trial(s) %s still run in other workers (or, with a journal "
@@ -50,7 +50,7 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
 def write_best_recipe(study, recipe: Recipe, metrics: list[str], best, study_dir: Path) -> Path:
     """best_recipe.yaml: the recipe with the best trial's values, training into ``study_dir/best``, no search."""
     spec = recipe.search
-    best_values = {k: typed(spec.space[k], v) for k, v in best.params.items()}
+    best_values = params_to_values(spec.space, best.params)
     best_recipe = trial_recipe(dataclasses.replace(recipe, training={**recipe.training,
                                                                      "output_dir": str(study_dir / "best")}),
                                best_values)
@@ -102,6 +102,9 @@ def format_summary(result: dict) -> str:
                      "file, possibly left so by a killed worker). The worker that finishes last writes the best "
                      "recipe.")
         return "\n".join(lines)
+    if result.get("terminated"):
+        lines.append(f"\nthe Terminator ({result['terminated']['by']}) stopped the study after "
+                     f"{result['terminated']['after_trials']} trials: more were unlikely to improve on the best")
     for b in result["best"]:
         lines.append(f"\nbest: trial {b['number']} {dict(zip(result['metrics'], b['values']))} {b['params']}")
     lines.append(f"best recipe: {result['best_recipe']}  (python -m hf_tune.run {result['best_recipe']})")

@@ -24,8 +24,8 @@ from hf_tune.model import build_model
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
-from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, suggest, trial_recipe, typed,
-                                     warn_if_random_search)
+from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, make_terminator, sample_trial,
+                                     trial_recipe, typed, warn_if_random_search)
 from hf_tune.search.storage import make_storage
 from hf_tune.search.summary import summarize
 
@@ -70,6 +70,7 @@ class TrialHooks:
 
     def __init__(self, base: Recipe, spec: SearchSection):
         self.base, self.spec = base, spec
+        self.base_raw = base.to_dict()  # what conditions (search.space.KEY.when) read for keys not searched
         self.metrics = search_metrics(spec)
         self.run: Run | None = None  # attached by build_run, before the trainer (which calls model_init) exists
         self._trial_recipe: tuple[int | None, Recipe | None] = (None, None)
@@ -82,7 +83,7 @@ class TrialHooks:
         return self.run.trainer
 
     def sample(self, trial) -> dict[str, Any]:  # Optuna returns the same value when a trial suggests a key again
-        return {key: typed(dist, suggest(trial, key, dist)) for key, dist in self.spec.space.items()}
+        return sample_trial(trial, self.spec.space, self.base_raw)
 
     def trial_recipe(self, trial) -> Recipe:
         """The base recipe with the trial's values, validated once per trial (model_init and hp_space both ask)."""
@@ -133,8 +134,9 @@ def run_trials(trainer, hooks: TrialHooks, storage, study_name: str) -> None:
     # leaves the others in a collective it never joins, so under several processes an error stops the launch.
     distributed = trainer.args.world_size > 1
     pruner = ddp_pruner(spec, trainer.args.world_size)
+    terminator = make_terminator(spec) if trainer.is_world_process_zero() else None
     started = time.time()
-    while _another_trial(trainer, storage, study_name, directions, spec, started):
+    while _another_trial(trainer, storage, study_name, directions, spec, started, terminator):
         # After each call upstream asks the study for its best trial, which raises ValueError while no trial has
         # completed (all pruned or failed so far). Trials never leave COMPLETE, so that can happen only if none had
         # completed before the call.
@@ -219,13 +221,19 @@ def _has_complete_trial(storage, study_name: str) -> bool:
 
 
 def _another_trial(trainer, storage, study_name: str, directions: list[str], spec: SearchSection,
-                   started: float) -> bool:
+                   started: float, terminator=None) -> bool:
     """Rank 0 decides from the shared storage (trials finished or running anywhere count); other ranks follow."""
     go = False
     if trainer.is_world_process_zero():
         study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
                                     directions=directions)
         go = len(study.trials) < spec.n_trials and (spec.timeout is None or time.time() - started < spec.timeout)
+        if go and terminator is not None and terminator.should_terminate(study):
+            go = False
+            done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+            logger.info("search: the Terminator (%s) stopped the study after %d completed trials of %d",
+                        spec.terminator, done, spec.n_trials)
+            study.set_user_attr("terminated", {"by": spec.terminator, "after_trials": len(study.trials)})
     if trainer.args.world_size > 1:
         import torch.distributed as dist
 
