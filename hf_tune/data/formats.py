@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hf_tune.data.messages import SHAREGPT_ROLES, chat_messages, normalize_message
 from hf_tune.errors import RecipeError
 
 FORMAT_COLUMNS = {
@@ -27,8 +28,6 @@ FORMAT_HELP = {
     "text": "a 'text' string",
     "classification": "a 'text' string (optional 'text_pair'), and a 'label': a class name or an integer id",
 }
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-                  "tool": "tool", "function_call": "assistant", "observation": "tool"}
 
 
 def check_columns(format: str, columns: list[str], key: str, where: str | None = None) -> None:
@@ -45,14 +44,12 @@ def check_columns(format: str, columns: list[str], key: str, where: str | None =
                           f"{columns}", fix="rename the columns or set data.format to match the data")
 
 
-def to_messages(example: dict[str, Any], format: str) -> tuple[list[dict[str, str]], int] | None:
+def to_messages(example: dict[str, Any], format: str) -> tuple[list[dict[str, Any]], int] | None:
     """The example as a conversation, with the number of its leading messages that are prompt only (their assistant
     turns are not trained: a conversational prompt_completion's prompt); None when it is plain text (``text``, or
     string prompt/completion)."""
-    if format == "chat":
-        if example.get("messages") is not None:
-            return [{"role": m["role"], "content": m["content"]} for m in example["messages"]], 0
-        return [{"role": SHAREGPT_ROLES[t["from"]], "content": t["value"]} for t in example["conversations"]], 0
+    if format == "chat":  # messages keep tool calls, tool results and reasoning (hf_tune.data.messages)
+        return chat_messages(example), 0
     if format == "instruction":
         prompt = example["instruction"]
         if example.get("input"):
@@ -60,9 +57,9 @@ def to_messages(example: dict[str, Any], format: str) -> tuple[list[dict[str, st
         messages = [{"role": "system", "content": example["system"]}] if example.get("system") else []
         return [*messages, {"role": "user", "content": prompt}, {"role": "assistant", "content": example["output"]}], 0
     if format == "prompt_completion" and isinstance(example["prompt"], list):
-        prompt = [{"role": m["role"], "content": m["content"]} for m in example["prompt"]]
+        prompt = [normalize_message(m) for m in example["prompt"]]
         completion = example["completion"]
-        completion = [{"role": m["role"], "content": m["content"]} for m in completion] if isinstance(
+        completion = [normalize_message(m) for m in completion] if isinstance(
             completion, list) else [{"role": "assistant", "content": completion}]
         return [*prompt, *completion], len(prompt)
     return None

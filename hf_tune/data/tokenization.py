@@ -10,42 +10,24 @@ from datasets import Dataset
 from datasets.fingerprint import Hasher
 
 from hf_tune.data.formats import check_columns, to_messages
+from hf_tune.data.messages import example_tools, load_tools, uses_tools
+from hf_tune.data.rendering import assistant_char_spans, check_template_renders_tools, check_tools_rendered
 from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.recipe.schema import DataSection
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-TOKENIZATION_VERSION = "2"  # bump when the token/label rules change: old caches are then never reused
+TOKENIZATION_VERSION = "3"  # bump when the token/label rules change: old caches are then never reused
 # 2: a conversational prompt_completion trains its completion only, not the assistant turns inside its prompt
+# 3: messages keep tool calls, tool results and reasoning; tools reach the template; history-rewriting templates
 
 
-def assistant_char_spans(tokenizer, messages: list[dict[str, str]],
-                         prompt_turns: int = 0) -> tuple[str, list[tuple[int, int]]]:
-    """Render the conversation; return its text and the character spans of each assistant turn after the first
-    ``prompt_turns`` messages (a prompt's own assistant turns are context, not trained).
-
-    A span runs from where the assistant's content starts (the end of the prompt rendered with the generation
-    prompt) to the end of that turn's rendering, trailing whitespace removed, so it ends on the end-of-turn token.
-    """
-    def render(msgs, generation_prompt=False):
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
-
-    text = render(messages)
-    spans = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant" or i < prompt_turns:
-            continue
-        before, through = render(messages[:i], generation_prompt=True), render(messages[: i + 1])
-        if not (text.startswith(before) and text.startswith(through) and len(through.rstrip()) > len(before)):
-            raise RecipeError("data.chat_template", "the chat template does not render a conversation as the sum "
-                              "of its turns (it rewrites earlier turns), so assistant tokens cannot be located",
-                              fix="set data.chat_template to a template that renders each turn independently")
-        spans.append((len(before), len(through.rstrip())))
-    return text, spans
-
-
-def tokenize_chat(tokenizer, messages: list[dict[str, str]], prompt_turns: int = 0) -> tuple[list[int], list[int]]:
-    text, spans = assistant_char_spans(tokenizer, messages, prompt_turns)
+def tokenize_chat(tokenizer, messages: list[dict[str, Any]], prompt_turns: int = 0,
+                  tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    """Tokens of the rendered conversation (``tools`` offered to the template) and their labels: the tokens that
+    start inside an assistant span (hf_tune.data.rendering) keep their id, all others are -100."""
+    text, spans = assistant_char_spans(tokenizer, messages, prompt_turns, tools)
+    check_tools_rendered(text, messages, tools)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     starts = [start for start, _ in spans]
     labels = []
@@ -62,10 +44,12 @@ def tokenize_pair(tokenizer, prompt: str, completion: str) -> tuple[list[int], l
     return prompt_ids + completion_ids, [IGNORE_INDEX] * len(prompt_ids) + completion_ids
 
 
-def tokenize_example(example: dict[str, Any], tokenizer, format: str, max_length: int) -> dict[str, list[int]]:
+def tokenize_example(example: dict[str, Any], tokenizer, format: str, max_length: int,
+                     tools: list[dict] | None = None) -> dict[str, list[int]]:
+    """One example's tokens and labels; ``tools``: ``data.tools``, offered where the example has no ``tools`` column."""
     conversation = to_messages(example, format)
     if conversation is not None:
-        input_ids, labels = tokenize_chat(tokenizer, *conversation)
+        input_ids, labels = tokenize_chat(tokenizer, *conversation, tools=example_tools(example, tools))
     elif format == "text":
         input_ids, labels = tokenize_pair(tokenizer, "", example["text"])
     else:
@@ -84,7 +68,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def tokenized_fingerprint(raw: Dataset, tokenizer, data: DataSection) -> str:
     return Hasher.hash([raw._fingerprint, tokenizer_fingerprint(tokenizer), data.format, data.max_length,
-                        TOKENIZATION_VERSION])
+                        load_tools(data.tools), TOKENIZATION_VERSION])
 
 
 def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Dataset:
@@ -93,11 +77,15 @@ def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Da
     if to_messages_needed(data.format) and not tokenizer.chat_template:
         raise RecipeError("data.chat_template", f"the tokenizer has no chat template and format '{data.format}' "
                           "needs one", fix="set data.chat_template to a Jinja template (text or a .jinja file)")
+    tools = load_tools(data.tools)
+    if to_messages_needed(data.format) and uses_tools(raw, tools):
+        check_template_renders_tools(tokenizer)
 
     def tokenize_batch(batch: dict[str, list]) -> dict[str, list]:
         out = {"input_ids": [], "attention_mask": [], "labels": []}
         for i in range(len(next(iter(batch.values())))):
-            row = tokenize_example({k: v[i] for k, v in batch.items()}, tokenizer, data.format, data.max_length)
+            row = tokenize_example({k: v[i] for k, v in batch.items()}, tokenizer, data.format, data.max_length,
+                                   tools)
             if any(label != IGNORE_INDEX for label in row["labels"]):
                 for name, values in row.items():
                     out[name].append(values)

@@ -86,6 +86,8 @@ def turns_problem(value: Any, keys: tuple[str, str], column: str) -> str | None:
         if not isinstance(turn, dict):
             return f"turn {number}: expected an object with {keys[0]!r} and {keys[1]!r}, got {_show(turn)}"
         present = sorted(k for k, v in turn.items() if v is not None)
+        if keys[1] == "content" and turn.get("content") is None and turn.get("tool_calls"):
+            turn = {**turn, "content": ""}  # an assistant turn that only calls tools (OpenAI's content: null)
         if any(turn.get(k) is None for k in keys):
             other = _OTHER_CHAT_COLUMN.get(column)
             hint = f" (turns with {TURN_KEYS[other][0]!r} and {TURN_KEYS[other][1]!r} go in a {other!r} column)" \

@@ -1,0 +1,163 @@
+"""Conversations as chat templates expect them: OpenAI-style messages kept whole (tool calls, tool results, names,
+reasoning), ShareGPT turns converted (LLaMA-Factory's ``function_call`` / ``observation`` become an assistant
+``tool_calls`` turn and a ``tool`` turn), and the tool schemas an example offers.
+
+Arrow stores a list of objects with one struct type for all rows, so keys missing from a message or a JSON schema
+come back as null; nulls are removed before the template sees them (a template tests ``x is defined``, not
+``x is none``). Tool-call arguments and tool lists written as JSON strings are parsed, as templates render
+``arguments | tojson`` and loop over ``tools``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hf_tune.errors import RecipeError
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
+                  "tool": "tool", "function_call": "assistant", "observation": "tool"}
+TOOLS_COLUMN = "tools"
+
+
+def without_nulls(value: Any) -> Any:
+    """``value`` with every null-valued key of every object removed, recursively (Arrow's filler for absent keys)."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def chat_messages(example: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation of a ``chat`` example: its ``messages`` kept whole (null keys removed, tool-call arguments
+    parsed), or its ShareGPT ``conversations`` converted; a ``system`` column opens it when it has no system turn."""
+    if example.get("messages") is not None:
+        messages = [normalize_message(m) for m in example["messages"]]
+    else:
+        messages = sharegpt_messages(example["conversations"])
+    system = example.get("system")
+    if isinstance(system, str) and system and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
+    message = without_nulls(message)
+    if message.get("tool_calls"):
+        message["tool_calls"] = [normalize_tool_call(call) for call in message["tool_calls"]]
+    return message
+
+
+def normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """``{type: function, function: {name, arguments: {...}}}`` (with ``id`` when given), from that shape or a bare
+    ``{name, arguments}``; arguments written as a JSON string are parsed."""
+    function = call.get("function", call)
+    arguments = function.get("arguments", function.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments = _parse_json(arguments, f"the arguments of tool call {function.get('name')!r}")
+    out = {"type": "function", "function": {"name": function.get("name"), "arguments": arguments}}
+    if call.get("id") is not None:
+        out["id"] = call["id"]
+    return out
+
+
+def sharegpt_messages(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ShareGPT turns as messages. A ``function_call`` turn (its value: one ``{name, arguments}`` JSON object or a list
+    of them) is an assistant turn with ``tool_calls``; an ``observation`` is a ``tool`` turn, answering the calls
+    before it in order. Calls get ids ``call00000``, ``call00001``... (nine characters, as Mistral's templates ask)
+    so that a template reading ``tool_call_id`` finds them."""
+    messages: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []  # calls not yet answered by an observation
+    count = 0
+    for turn in turns:
+        kind, value = turn["from"], turn["value"]
+        if kind == "function_call":
+            parsed = _parse_json(value, "a function_call turn")
+            calls = []
+            for call in parsed if isinstance(parsed, list) else [parsed]:
+                call = normalize_tool_call(call)
+                call["id"] = f"call{count:05d}"
+                count += 1
+                calls.append(call)
+            pending = list(calls)
+            messages.append({"role": "assistant", "content": "", "tool_calls": calls})
+        elif kind == "observation":
+            message = {"role": "tool", "content": value}
+            if pending:
+                call = pending.pop(0)
+                message.update(tool_call_id=call["id"], name=call["function"]["name"])
+            messages.append(message)
+        else:
+            messages.append({"role": SHAREGPT_ROLES[kind], "content": value})
+    return messages
+
+
+def example_tools(example: dict[str, Any], default: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tool schemas offered in this example: its ``tools`` column (a list, or a JSON string as LLaMA-Factory writes
+    it), else ``data.tools``; bare ``{name, description, parameters}`` schemas are wrapped as
+    ``{type: function, function: ...}``, the shape transformers' chat templates document. None when there are none."""
+    tools = example.get(TOOLS_COLUMN)
+    if isinstance(tools, str):
+        tools = _parse_json(tools, "the 'tools' column") if tools.strip() else None
+    if not tools:
+        tools = default
+    if not tools:
+        return None
+    return [wrap_tool(without_nulls(tool)) for tool in tools]
+
+
+def wrap_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool if "function" in tool else {"type": "function", "function": tool}
+
+
+def tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
+    return [t["function"].get("name", "") for t in tools or []]
+
+
+def called_names(messages: list[dict[str, Any]]) -> list[str]:
+    return [call["function"]["name"] for m in messages for call in m.get("tool_calls") or []]
+
+
+def _parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RecipeError("data.train", f"{what} is not valid JSON ({err.msg} at column {err.colno}): "
+                          f"{text[:80]!r}", fix="write it as a JSON object (or a list of them)") from err
+
+
+def load_tools(tools: str | list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """``data.tools``: a list of tool schemas, or the path of a JSON file holding one."""
+    if isinstance(tools, str):
+        from pathlib import Path
+
+        try:
+            tools = json.loads(Path(tools).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise RecipeError("data.tools", f"cannot read {tools}: {err}",
+                              fix="point data.tools at a JSON file holding a list of tool schemas") from err
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise RecipeError("data.tools", "the file must hold a JSON list of tool schemas (objects)")
+    return tools or None
+
+
+def uses_tools(raw, tools: list[dict[str, Any]] | None) -> bool:
+    """Whether a chat dataset offers tools or calls them: ``data.tools``, a ``tools`` column, messages with a
+    ``tool_calls`` key, or ShareGPT ``function_call`` turns (read from Arrow, without a Python loop over rows)."""
+    import pyarrow.compute as pc
+
+    if tools or TOOLS_COLUMN in raw.column_names:
+        return True
+    table = raw.with_format("arrow")
+    for column, key, test in (("messages", "tool_calls", None), ("conversations", "from", "function_call")):
+        if column not in raw.column_names:
+            continue
+        turns = pc.list_flatten(table[column])
+        if not hasattr(turns.type, "get_field_index") or turns.type.get_field_index(key) < 0:
+            continue
+        values = pc.struct_field(turns, key)
+        found = pc.any(pc.equal(values, test)).as_py() if test else values.null_count < len(values)
+        if found:
+            return True
+    return False
