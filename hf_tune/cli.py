@@ -78,6 +78,22 @@ def _push(args) -> None:
     print(f"pushed: {url}")
 
 
+def _register(args) -> None:
+    from hf_tune.registry import register
+
+    result = register(args.run_dir, args.name, alias=args.alias, tracking_uri=args.tracking_uri)
+    print(f"registered {result['model_uri']} (MLflow run {result['run_id']} at {result['tracking_uri']})"
+          + (f"; alias {result['alias']} -> version {result['version']}" if result["alias"] else ""))
+
+
+def _promote(args) -> None:
+    from hf_tune.registry import promote
+
+    result = promote(args.name, args.version, args.alias, tracking_uri=args.tracking_uri)
+    print(f"{result['name']}@{result['alias']} -> version {result['version']}"
+          + (f" (was version {result['previous']})" if result["previous"] else ""))
+
+
 def _chat(args) -> None:
     from hf_tune.chat import load_trained, reply
 
@@ -145,6 +161,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="also upload run.json (host name, command line, environment), trainer_state.json and plots")
     v.add_argument("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)")
     v.set_defaults(func=_push)
+
+    v = verbs.add_parser("register", help="log a run's model to the MLflow registry as a new version of NAME")
+    v.add_argument("run_dir")
+    v.add_argument("--name", required=True, help="the registered model's name")
+    v.add_argument("--alias", default=None, help="point this alias (e.g. staging) at the new version")
+    v.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else the run folder's store")
+    v.set_defaults(func=_register)
+
+    v = verbs.add_parser("promote", help="point an alias of a registered model (e.g. production) at a version")
+    v.add_argument("name")
+    v.add_argument("version")
+    v.add_argument("--alias", required=True)
+    v.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    v.set_defaults(func=_promote)
 
     v = verbs.add_parser("chat", help="talk to a trained run (adapter or full model)")
     v.add_argument("run_dir")

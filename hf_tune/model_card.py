@@ -11,7 +11,8 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 from hf_tune import run_folder
-from hf_tune.lineage import base_model_id, embedded_spec as _embedded  # noqa: F401  (base_model_id: hub.py's)
+from hf_tune.lineage import base_model_id  # noqa: F401  (hub.py's and the tests' import)
+from hf_tune.lineage import embedded_spec as _embedded, read_lineage
 from hf_tune.model.embedded import PREFIX
 from hf_tune.redaction import redact_secrets
 from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
@@ -36,6 +37,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
     lora = recipe.get("lora") is not None and not merged
     task = task_of(model.get("task"))
     base = base_model or base_model_id(model["pretrained_model_name_or_path"])
+    lineage = read_lineage(run_dir) if (run_dir / run_folder.MANIFEST).is_file() else None  # what run.json says
     metrics = {}
     for name in (run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS):
         if (run_dir / name).is_file():
@@ -69,9 +71,25 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         "## Reproduce", "", "Save the recipe below as `recipe.yaml`, then:", "", "```bash",
         "pip install 'hf_tune[all]'", "accelerate launch -m hf_tune.run recipe.yaml", "```", "",
         "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
-        "## Framework versions", "", *[f"- {name} {_version(name)}" for name in VERSIONS], "",
+        *_lineage_lines(lineage),
+        "## Framework versions", "",
+        *[f"- {name} {(lineage or {}).get('packages', {}).get(name) or _version(name)}" for name in VERSIONS], "",
     ]
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(body))
+
+
+def _lineage_lines(lineage: dict | None) -> list[str]:
+    """The run's lineage (``hf_tune.lineage``): base model, data fingerprints, code commit."""
+    if not lineage:
+        return []
+    base, git = lineage.get("base_model") or {}, lineage.get("git") or {}
+    lines = ["## Lineage", "", "| field | value |", "|---|---|"]
+    lines += [f"| base_model.{k} | `{v}` |" for k, v in base.items()]
+    lines += [f"| datasets.{name}.fingerprint | `{d['fingerprint']}` ({d['examples']} examples) |"
+              for name, d in (lineage.get("datasets") or {}).items()]
+    if git.get("commit"):
+        lines.append(f"| git.commit | `{git['commit']}`{' (uncommitted changes)' if git.get('dirty') else ''} |")
+    return [*lines, ""]
 
 
 def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: str) -> list[str]:

@@ -237,28 +237,28 @@ def start_mlflow_run(recipe: Recipe, run_dir: Path, args=None, datasets: dict | 
     for tag in tracking.tags:  # "key=value" is a key and a value; a bare word is a key with no value
         key, _, value = tag.partition("=")
         tags[key] = value
-    run_id = _existing_mlflow_run(client, run_dir, uri)
+    run_id = existing_mlflow_run(client, run_dir, uri)
     if run_id is None:
-        run_id = client.create_run(_experiment_id(client, run_dir, uri), run_name=name, tags=tags).info.run_id
-        _save_mlflow_run_id(run_dir, uri, run_id)
+        run_id = client.create_run(mlflow_experiment_id(client, run_dir, uri), run_name=name, tags=tags).info.run_id
+        save_mlflow_run_id(run_dir, uri, run_id)
     else:
         logger.info("MLflow: continuing run %s of %s", run_id, uri)
         client.update_run(run_id, status="RUNNING", name=name)
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
-    _log_new_params(client, run_id, flat_lineage(run_lineage(recipe, datasets or {})))
+    log_new_params(client, run_id, flat_lineage(run_lineage(recipe, datasets or {})))
     mlflow.start_run(run_id=run_id)
     return run_id
 
 
-def _experiment_id(client, run_dir: Path, uri: str) -> str:
-    """``MLFLOW_EXPERIMENT_NAME``'s experiment, created where missing; else MLflow's Default one. In the run folder's
-    own store the experiment is "hf_tune" and keeps its artifacts in the run folder (Default's are in the working
-    directory)."""
+def mlflow_experiment_id(client, run_dir: Path, uri: str, name: str | None = None) -> str:
+    """The experiment ``name`` (default: ``MLFLOW_EXPERIMENT_NAME``), created where missing; else MLflow's Default
+    one. In the run folder's own store the default is "hf_tune", keeping its artifacts in the run folder (Default's
+    are in the working directory)."""
     from mlflow.exceptions import MlflowException
 
     own_store = uri == run_folder_mlflow_uri(run_dir)
-    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or ("hf_tune" if own_store else None)
+    name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or ("hf_tune" if own_store else None)
     if not name:
         return "0"
     found = client.get_experiment_by_name(name)
@@ -271,7 +271,7 @@ def _experiment_id(client, run_dir: Path, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def _existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
+def existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
     """The MLflow run this run folder already logged to in this store, if it still exists there."""
     from mlflow.exceptions import MlflowException
 
@@ -287,7 +287,7 @@ def _existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
         return None
 
 
-def _save_mlflow_run_id(run_dir: Path, uri: str, run_id: str) -> None:
+def save_mlflow_run_id(run_dir: Path, uri: str, run_id: str) -> None:
     path = run_dir / run_folder.MLFLOW_RUN_ID
     try:
         ids = json.loads(path.read_text())
@@ -299,7 +299,7 @@ def _save_mlflow_run_id(run_dir: Path, uri: str, run_id: str) -> None:
     os.replace(staging, path)
 
 
-def _log_new_params(client, run_id: str, params: dict[str, str]) -> None:
+def log_new_params(client, run_id: str, params: dict[str, str]) -> None:
     """Log the params the run lacks. MLflow params never change: a resumed run whose recipe or lineage differs keeps
     its first values and gets the new ones as ``changed_on_resume.KEY`` tags."""
     from mlflow.entities import Param, RunTag

@@ -19,6 +19,8 @@ import yaml
 from conftest import REPO, chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.checkpoints import is_complete
+from hf_tune.cli import main as hf_tune_cli
+from hf_tune.model_card import render_model_card
 from hf_tune.tracking import TRACKER_ENV
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
@@ -89,6 +91,10 @@ def test_the_run_folder_store_gets_the_recipes_name_tags_params_step_metrics_and
     assert json.loads(Path(copy).read_text()) == manifest  # the finished manifest, end_time included
     assert manifest["end_time"]
 
+    card = render_model_card(run_dir, "me/lora-r4").content  # the card carries the same lineage fields
+    for key in ("git.commit", "datasets.train.fingerprint", "base_model.name_or_path"):
+        assert f"| {key} | `{params[key]}`" in card
+
 
 @pytest.mark.slow
 def test_two_runs_in_one_process_are_two_runs_on_a_tracking_server(tmp_path, tiny_llama_dir, mlflow_server,
@@ -142,3 +148,47 @@ def test_a_killed_run_resumed_continues_the_same_mlflow_run(tmp_path, tiny_llama
     assert sorted(steps) == list(range(1, 11))  # the killed process's steps, then the resumed ones
     resumed = logged_losses(run_dir)
     assert {s: steps[s] for s in range(3, 11)} == pytest.approx({s: resumed[s] for s in range(3, 11)})
+
+
+@pytest.mark.slow
+def test_register_promote_and_load_by_alias_gives_the_runs_logits(tmp_path, tiny_llama_dir, mlflow_server,
+                                                                    monkeypatch, capsys):
+    import mlflow
+    import torch
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    experiment, model_name = f"registry-{uuid.uuid4().hex[:8]}", f"tiny-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"
+    raw = chat_recipe(tiny_llama_dir, run_dir, max_steps=2, report_to="mlflow", learning_rate=0.05)
+    raw["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    raw["tracking"] = {"project": experiment, "name": "registered"}
+    train(load_recipe(raw))
+    training_run = json.loads((run_dir / "mlflow_run_id").read_text())[mlflow_server]
+
+    hf_tune_cli(["register", str(run_dir), "--name", model_name, "--alias", "staging"])
+    hf_tune_cli(["register", str(run_dir), "--name", model_name, "--alias", "staging"])  # version 2 takes staging
+    hf_tune_cli(["promote", model_name, "1", "--alias", "production"])
+    assert f"{model_name}@production -> version 1" in capsys.readouterr().out
+
+    client = client_for(mlflow_server)
+    assert client.get_model_version_by_alias(model_name, "staging").version == "2"
+    production = client.get_model_version_by_alias(model_name, "production")
+    assert production.version == "1" and production.run_id == training_run  # logged into the run that trained it
+    params = client.get_run(training_run).data.params
+    for key in ("git.commit", "datasets.train.fingerprint", "base_model.name_or_path", "lora.r",
+                "training.learning_rate"):
+        assert production.tags[key] == params[key]  # the registry entry carries the run's lineage
+    info = mlflow.models.get_model_info(f"models:/{model_name}@production")
+    assert info.signature is not None and info.signature.inputs.input_names()
+
+    components = mlflow.transformers.load_model(f"models:/{model_name}@production", return_type="components")
+    tokenizer = AutoTokenizer.from_pretrained(run_dir)
+    batch = tokenizer(["The capital of Norway is", "hello"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = AutoPeftModelForCausalLM.from_pretrained(run_dir).eval()(**batch).logits  # base + adapter
+        loaded = components["model"].eval()(**batch).logits
+    assert expected.abs().max() > 0
+    torch.testing.assert_close(loaded, expected, rtol=1e-5, atol=1e-5)
+    assert "MLFLOW_TRACKING_URI" in os.environ and os.environ["MLFLOW_TRACKING_URI"] == mlflow_server
