@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     v = verbs.add_parser("merge", help="merge a LoRA run's adapter into its base model")
     v.add_argument("run_dir")
     v.add_argument("--out", default=None, help="default: RUN_DIR/merged")
-    v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    v.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
+                   "dequantized to it)")
     v.add_argument("--check", action="store_true", help="compare merged logits with base + adapter")
     v.set_defaults(func=_merge)
 

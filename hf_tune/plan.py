@@ -85,6 +85,15 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     mixed = bool(args.bf16 or args.fp16)
     param_bytes = next(model.parameters()).element_size()
     result["memory_per_rank"] = model_state_memory(total, trainable, largest, world, mixed, param_bytes)
+    if recipe.model.quantization_config:  # the weights as stored; ZeRO-3 cannot partition them (refused at load)
+        from hf_tune.model.quantization import describe, weight_memory
+
+        weights = weight_memory(model)
+        result["quantized_weights"] = {**weights, "quantization": describe(recipe.model.quantization_config)}
+        states = trainable * (18 if mixed else 12)  # a trained (adapter) parameter's gradient and AdamW moments
+        result["memory_per_rank"] = {"no ZeRO (DDP)": (weights["bytes"] + states, 0),
+                                     "ZeRO-2": (weights["bytes"] + states / world, 0),
+                                     "ZeRO-2 offload": (weights["bytes"], states / world)}
     result["memory_precision"] = ("mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1])
     out = Path(out_dir or args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,6 +133,10 @@ def format_plan(result: dict) -> str:
     for row in result["groups"]:
         lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
                      f"{row['params']:>12,} {row['lr']:>11.3e} {row['weight_decay']:>6g}")
+    quantized = result.get("quantized_weights")
+    if quantized:
+        lines.append(f"\nweights ({quantized['quantization']}): {quantized['bytes'] / 2**30:.3f} GB for "
+                     f"{quantized['params']:,} parameters ({quantized['full_precision_bytes'] / 2**30:.3f} GB unquantized)")
     lines.append(f"\nmodel-state memory per rank ({result['world_size']} ranks, {result['memory_precision']}, AdamW; "
                  "activations not included):")
     lines.append(f"{'setup':<16} {'accelerator':>12} {'CPU':>10}")

@@ -63,10 +63,11 @@ def model_flops(model: nn.Module, causal: bool) -> ModelFlops:
     for name, module in base.named_modules():
         if not isinstance(module, nn.Linear) or module is head:
             continue
+        weights = module.in_features * module.out_features  # a 4-bit layer's weight tensor holds packed bytes
         if "lora_" in name:
-            adapters += _numel(module.weight)
+            adapters += weights
         else:
-            linear += _numel(module.weight)
+            linear += weights
             base_trains |= module.weight.requires_grad
     config = base.config
     heads = config.num_attention_heads

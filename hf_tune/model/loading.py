@@ -28,8 +28,7 @@ def build_tokenizer(recipe: Recipe):
     m = recipe.model
     path = resolve_model_path(m.pretrained_model_name_or_path)
     with stage_errors(_blame_model_key(recipe), "loading the tokenizer"):
-        tokenizer = _from_pretrained(AutoTokenizer, path, recipe, revision=m.revision, gguf_file=m.gguf_file,
-                                     trust_remote_code=m.trust_remote_code)
+        tokenizer = _from_pretrained(AutoTokenizer, path, recipe, **_source_kwargs(m))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # labels come from the assistant mask, so eos is still trained
     if recipe.data.chat_template:
@@ -46,8 +45,14 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     classification recipe (default: read from its training data), stored in the config as id2label / label2id."""
     m, task = recipe.model, task_of(recipe.model.task)
     path = resolve_model_path(m.pretrained_model_name_or_path)
-    kwargs = {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
-              "dtype": m.dtype, "attn_implementation": m.attn_implementation, "num_labels": m.num_labels}
+    kwargs = {**_source_kwargs(m), "dtype": m.dtype, "attn_implementation": m.attn_implementation,
+              "num_labels": m.num_labels, "device_map": m.device_map}
+    if m.quantization_config:
+        from hf_tune.model.quantization import bitsandbytes_config
+
+        kwargs["quantization_config"] = bitsandbytes_config(m.quantization_config)
+    if task.num_labels is not None:  # a fixed head (a reward model's one score)
+        kwargs["num_labels"] = task.num_labels
     if task.class_labels:
         if labels is None:
             raise HfTuneError(f"model.task {m.task!r} needs the class names of the training data: build_model(recipe, "
@@ -75,7 +80,15 @@ def wrap_lora(model, recipe: Recipe):
     ``target_modules`` that matches nothing lists the model's linear modules to choose from."""
     from peft import LoraConfig, get_peft_model
 
-    if recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"):
+    checkpointing = bool(recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"))
+    if recipe.model.quantization_config:
+        from hf_tune.model.quantization import describe, prepare_for_lora
+
+        model = prepare_for_lora(model, checkpointing, recipe.training.get("gradient_checkpointing_kwargs"))
+        logger.info("QLoRA: %s base prepared with peft.prepare_model_for_kbit_training (gradient checkpointing %s, "
+                    "as training.gradient_checkpointing says)", describe(recipe.model.quantization_config),
+                    "on" if checkpointing else "off")
+    elif checkpointing:
         model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
     with stage_errors(lambda message: blame_key("lora", recipe.lora, message), "wrapping the model with PEFT"):
         try:
@@ -123,8 +136,15 @@ def model_class(recipe: Recipe, model=None) -> type:
 
     m = recipe.model
     config = _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
-                              revision=m.revision, gguf_file=m.gguf_file, trust_remote_code=m.trust_remote_code)
+                              **_source_kwargs(m))
     return task_of(m.task).model_class._model_mapping[type(config)]
+
+
+def _source_kwargs(m) -> dict:
+    """Where the files come from, for config, tokenizer and model alike. No ``token``: the Hub client reads
+    ``HF_TOKEN`` or the ``hf auth login`` token itself, and a recipe holding one is refused."""
+    return {"revision": m.revision, "gguf_file": m.gguf_file, "trust_remote_code": m.trust_remote_code,
+            "cache_dir": m.cache_dir, "subfolder": m.subfolder}
 
 
 def _blame_model_key(recipe: Recipe):
@@ -139,6 +159,11 @@ def _blame_model_key(recipe: Recipe):
 
 
 def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    folder = Path(path).expanduser()
+    if kwargs.get("subfolder") and folder.is_dir() and not (folder / kwargs["subfolder"]).is_dir():
+        raise RecipeError("model.subfolder", f"{path} has no folder {kwargs['subfolder']!r}",
+                          fix="name the folder inside it that holds config.json, or remove model.subfolder")
     if not Path(path).expanduser().is_dir() and not hub_is_reachable():
         logger.info("The Hub is unreachable: loading %s from the local cache only", path)
         kwargs["local_files_only"] = True

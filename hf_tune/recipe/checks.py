@@ -8,6 +8,7 @@ import importlib.util
 from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.metrics import metric_path
+from hf_tune.recipe.quantization import check_quantization
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.search_space import check_search_settings
 from hf_tune.tasks import task_of
@@ -34,6 +35,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     check_deepspeed_config(recipe.training, optim_given)
     _check_fsdp_with_deepspeed(recipe)
     _check_integrations_installed(recipe.training)
+    check_quantization(recipe)
 
 
 def _check_batching(recipe: Recipe, causal: bool) -> None:

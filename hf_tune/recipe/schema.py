@@ -49,6 +49,14 @@ class ModelSection(_Section):
         default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.model.dropout: same "
                                   "dropout, p rounded to 1/65536; faster than nn.Dropout on CPU, see docs/speed.md); "
                                   "false keeps PEFT's nn.Dropout")
+    quantization_config: dict[str, Any] | None = Field(
+        default=None, description="transformers.BitsAndBytesConfig arguments, verbatim: load_in_4bit (bnb_4bit_quant_type "
+                                  "nf4 | fp4, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype) or load_in_8bit; needs "
+                                  "a lora section (QLoRA; hf_tune.model.quantization)")
+    device_map: str | dict[str, int | str] | None = Field(
+        default=None, description="from_pretrained's: auto | cpu | cuda:0 | {module: device}")
+    cache_dir: str | None = Field(default=None, description="from_pretrained's: the Hub cache folder to use")
+    subfolder: str | None = Field(default=None, description="from_pretrained's: the model's folder inside the repo")
 
 
 class DatasetSource(_Section):

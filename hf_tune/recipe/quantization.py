@@ -1,0 +1,83 @@
+"""Checks of ``model.quantization_config`` (``transformers.BitsAndBytesConfig`` arguments, verbatim) and of the
+combinations a quantized base cannot train in. Pure: reads the recipe (and the DeepSpeed JSON it names)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any
+
+from hf_tune.errors import RecipeError
+from hf_tune.recipe.schema import Recipe
+from hf_tune.recipe.upstream import did_you_mean
+
+KEY = "model.quantization_config"
+QUANT_TYPES = ("nf4", "fp4")
+DTYPES = ("float32", "bfloat16", "float16")
+# What BitsAndBytesConfig.to_dict() writes besides its arguments: accepted so a config.json's block can be pasted.
+TO_DICT_KEYS = {"quant_method": "bitsandbytes", "_load_in_4bit": None, "_load_in_8bit": None}
+QLORA_FIX = "pip install 'hf_tune[qlora]'"
+
+
+def bitsandbytes_arguments() -> list[str]:
+    from transformers import BitsAndBytesConfig
+
+    return [name for name, p in inspect.signature(BitsAndBytesConfig.__init__).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def quantized_bits(config: dict[str, Any] | None) -> int | None:
+    """4 or 8 for a quantization_config that loads the base quantized, else None."""
+    if not config:
+        return None
+    return 4 if config.get("load_in_4bit") else 8 if config.get("load_in_8bit") else None
+
+
+def check_quantization(recipe: Recipe) -> None:
+    config = recipe.model.quantization_config
+    if config is None:
+        return
+    known = bitsandbytes_arguments()
+    for key, value in config.items():
+        if key in TO_DICT_KEYS:
+            if TO_DICT_KEYS[key] is not None and value != TO_DICT_KEYS[key]:
+                raise RecipeError(f"{KEY}.{key}", f"is {value!r}; hf_tune loads bitsandbytes quantization only",
+                                  fix=f"remove it, or set it to {TO_DICT_KEYS[key]!r}")
+            continue
+        if key not in known:
+            raise RecipeError(f"{KEY}.{key}", "unknown key: not an argument of transformers.BitsAndBytesConfig",
+                              fix=did_you_mean(key, known))
+    bits = quantized_bits(config)
+    if config.get("load_in_4bit") and config.get("load_in_8bit"):
+        raise RecipeError(f"{KEY}.load_in_4bit", f"and {KEY}.load_in_8bit are both true", fix="choose one of them")
+    if bits is None:
+        raise RecipeError(KEY, "quantizes nothing: neither load_in_4bit nor load_in_8bit is true",
+                          fix=f"set {KEY}.load_in_4bit: true (QLoRA), or remove {KEY}")
+    quant_type = config.get("bnb_4bit_quant_type", "fp4")
+    if quant_type not in QUANT_TYPES:
+        raise RecipeError(f"{KEY}.bnb_4bit_quant_type", f"is {quant_type!r}", fix=f"use one of {', '.join(QUANT_TYPES)}")
+    for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+        if config.get(key) is not None and str(config[key]).removeprefix("torch.") not in DTYPES + ("uint8",):
+            raise RecipeError(f"{KEY}.{key}", f"is {config[key]!r}", fix=f"use one of {', '.join(DTYPES)}")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RecipeError(KEY, "needs the bitsandbytes package, which is not installed", fix=QLORA_FIX)
+    _check_combinations(recipe, bits)
+
+
+def _check_combinations(recipe: Recipe, bits: int) -> None:
+    """What a quantized base cannot do, each refusal naming both keys."""
+    flag = f"{KEY}.load_in_{bits}bit"
+    if recipe.lora is None:
+        raise RecipeError(flag, f"with no lora section is a full fine-tune of a {bits}-bit base: its quantized weights "
+                          "have no gradients (Trainer refuses it after the model loads)",
+                          fix="add a lora section (QLoRA: e.g. lora: {r: 16, target_modules: all-linear}), or remove "
+                          f"{KEY} to fine-tune the full-precision model")
+    deepspeed = recipe.training.get("deepspeed")
+    if deepspeed:
+        from hf_tune.ds_config import load_deepspeed_config
+
+        stage = (load_deepspeed_config(deepspeed).get("zero_optimization") or {}).get("stage")
+        if stage == 3:
+            raise RecipeError("training.deepspeed", f"is ZeRO-3 ({deepspeed!r}) with {flag}: ZeRO-3 partitions the "
+                              "weights, and bitsandbytes' quantized weights cannot be partitioned",
+                              fix=f"use ZeRO-2 (training.deepspeed: zero2) with the quantized base, or remove {KEY}")
