@@ -107,7 +107,10 @@ class CheckpointMarker(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if args.should_save:
-            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            # a search trial saves into its own folder under output_dir (Trainer names it with hp_name)
+            run_dir = Path(args.output_dir) / (state.trial_name if state.is_hyper_param_search and state.trial_name
+                                               else "")
+            checkpoint = run_dir / f"checkpoint-{state.global_step}"
             if checkpoint.is_dir():
                 mark_complete(checkpoint)
 

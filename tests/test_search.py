@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe, free_port
+from conftest import REPO, chat_recipe, free_port, write_recipe
 from hf_tune import load_recipe, search, train
 from hf_tune.search import format_summary
 from hf_tune.errors import HfTuneError
@@ -533,3 +533,47 @@ def test_dashboard_prints_a_command_that_serves_the_study(tmp_path, tiny_llama_d
         server.kill()
         server.communicate()
     assert '"study_name": "dash"' in body or '"study_name":"dash"' in body, body[:500]
+
+
+@pytest.mark.slow
+def test_a_trial_killed_mid_training_resumes_from_its_checkpoint_with_the_same_number_and_params(tmp_path,
+                                                                                                tiny_llama_dir):
+    import signal
+    import time
+
+    space = {"training.learning_rate": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
+             "lora.r": {"type": "categorical", "choices": [2, 8]}}
+
+    def study_recipe(name: str) -> Path:
+        raw = search_recipe(tiny_llama_dir, tmp_path / name, {"space": space, "n_trials": 1}, max_steps=8,
+                            eval_steps=4, save_strategy="steps", save_steps=2)
+        return write_recipe(tmp_path / f"{name}.yaml", raw)
+
+    uninterrupted = search(load_recipe(study_recipe("whole")))["trials"][0]
+
+    recipe = study_recipe("killed")
+    worker = cli("python", "-m", "hf_tune.search", str(recipe))
+    trial_dir = tmp_path / "killed" / "trial-0"
+    deadline = time.time() + 300
+    while not list(trial_dir.glob("checkpoint-*/hf_tune_complete.json")):
+        assert worker.poll() is None and time.time() < deadline, worker.communicate()[1][-3000:]
+        time.sleep(0.02)
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate()
+    storage = f"sqlite:///{tmp_path / 'killed' / 'study.db'}"
+    [left] = optuna.load_study(study_name="killed", storage=storage).trials
+    assert left.state == optuna.trial.TrialState.RUNNING  # killed mid-trial, not after it
+    checkpoints = {p.parent.name for p in trial_dir.glob("checkpoint-*/hf_tune_complete.json")}
+    last = max(checkpoints, key=lambda name: int(name.split("-")[1]))
+    assert last != "checkpoint-8"
+    written = {p: p.stat().st_mtime_ns for name in checkpoints for p in (trial_dir / name).glob("*.safetensors")}
+
+    result = search(load_recipe(recipe))  # the same command again
+    [trial] = optuna.load_study(study_name="killed", storage=storage).trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.number == 0
+    assert trial.params == left.params == uninterrupted["params"]
+    assert trial.user_attrs["resumed_from"] == last  # trained on from there, not from step 0:
+    assert all(p.stat().st_mtime_ns == stamp for p, stamp in written.items())  # the steps before it were not redone
+    assert (trial_dir / "checkpoint-8" / "hf_tune_complete.json").is_file()
+    assert trial.value == pytest.approx(uninterrupted["values"][0], abs=1e-6)
+    assert [t["number"] for t in result["trials"]] == [0]

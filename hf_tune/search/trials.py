@@ -26,6 +26,7 @@ from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
 from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, make_terminator, sample_trial,
                                      trial_recipe, typed, warn_if_random_search)
+from hf_tune.search.resume import resume_orphaned_trials, this_worker
 from hf_tune.search.storage import make_storage
 from hf_tune.search.summary import summarize
 
@@ -48,10 +49,27 @@ def search(recipe: Recipe) -> dict:
     storage = make_storage(spec, study_dir) if trainer.is_world_process_zero() else None
     if trainer.is_world_process_zero():
         study_dir.mkdir(parents=True, exist_ok=True)
+        resume_killed_trials(trainer, hooks, storage, study_name, study_dir)
     run_trials(trainer, hooks, storage, study_name)
     if not trainer.is_world_process_zero():
         return {}
     return summarize(optuna.load_study(study_name=study_name, storage=storage), recipe, hooks.metrics, study_dir)
+
+
+def trial_folder_name(trial) -> str:
+    return f"trial-{trial.number}"
+
+
+def resume_killed_trials(trainer, hooks: TrialHooks, storage, study_name: str, study_dir: Path) -> None:
+    """Trials that a killed worker of this host left RUNNING train on from their last complete checkpoint
+    (``search.resume``); under several processes they are left as they are (their ranks cannot be rejoined)."""
+    optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
+                        directions=directions_for(hooks.spec))
+    if trainer.args.world_size > 1:
+        return
+    resumed = resume_orphaned_trials(trainer, hooks, storage, study_name, study_dir, trial_folder_name)
+    if resumed:
+        logger.info("search: resumed trial(s) %s", resumed)
 
 
 def base_recipe(recipe: Recipe, study_dir: Path) -> Recipe:
@@ -105,6 +123,8 @@ class TrialHooks:
         model = build_model(current, self.run.tokenizer, self.run.data.labels)
         if trial is not None and hasattr(trial, "set_user_attr"):
             trial.set_user_attr("trainable_params", trainable_params(model))
+            if "worker" not in trial.user_attrs:  # a resumed trial has its new worker already
+                trial.set_user_attr("worker", this_worker())
         return model
 
     def hp_space(self, trial) -> dict[str, Any]:
@@ -145,7 +165,7 @@ def run_trials(trainer, hooks: TrialHooks, storage, study_name: str) -> None:
             trainer.hyperparameter_search(
                 hp_space=hooks.hp_space, compute_objective=hooks.compute_objective, n_trials=1,
                 direction=directions if multi else directions[0], backend="optuna",
-                hp_name=lambda trial: f"trial-{trial.number}", study_name=study_name, storage=storage,
+                hp_name=trial_folder_name, study_name=study_name, storage=storage,
                 load_if_exists=True, sampler=make_sampler(spec), pruner=pruner,
                 catch=(SurplusTrial,) if distributed else (Exception,), gc_after_trial=True,
             )
