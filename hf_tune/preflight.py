@@ -119,5 +119,17 @@ def _check_search_samples(recipe: Recipe) -> None:
             raise RecipeError(f"search.space.{key}", str(err).removeprefix(f"{key}: ")) from None
 
 
+def _check_lora_init(recipe: Recipe) -> None:
+    """PEFT computes LoftQ's initialisation on a CUDA or XPU device (it moves the weights there): on a machine with
+    neither, wrapping the model would fail after it loaded."""
+    if (recipe.lora or {}).get("init_lora_weights") != "loftq":
+        return
+    import torch
+
+    if not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())):
+        raise RecipeError("lora.init_lora_weights", "loftq: PEFT computes LoftQ's initialisation on a CUDA or XPU "
+                          "device, and this machine has neither", fix="use pissa or olora (they run on CPU), or true")
+
+
 CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_fsdp, _check_push, _check_training_arguments,
-                                                 _check_search_samples)
+                                                 _check_search_samples, _check_lora_init)

@@ -13,4 +13,5 @@ __all__ = ["ParamInfo", "describe_parameters", "find_blocks", "group_summary", "
 
 def recipe_param_infos(model: nn.Module, optim: OptimSection, learning_rate: float, weight_decay: float) -> list[ParamInfo]:
     return describe_parameters(model, learning_rate, weight_decay, layerwise_lr_decay=optim.layerwise_lr_decay,
-                               head_lr=optim.head_lr, no_decay=optim.no_decay)
+                               head_lr=optim.head_lr, no_decay=optim.no_decay,
+                               loraplus_lr_ratio=optim.loraplus_lr_ratio)

@@ -3,6 +3,8 @@
 Depth of a parameter: embeddings = 0; transformer block i (0-based) = i + 1; everything else, i.e. after the last
 block (final norm, pooler, classifier / LM head) = L + 1, where L is the number of blocks.
 Its LR is ``learning_rate * layerwise_lr_decay ** (L + 1 - depth)`` (``head_lr``, when set, replaces it at depth L + 1).
+LoRA+ (``loraplus_lr_ratio``): a LoRA B matrix (``lora_B``, ``lora_embedding_B``) gets that LR times the ratio, so
+the two rules compose: depth sets the LR of a block's adapters, and B trains ``ratio`` times faster than A.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ def is_norm(module: nn.Module) -> bool:
     return isinstance(module, (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) or "Norm" in type(module).__name__
 
 
+LORA_B = re.compile(r"(^|\.)lora_(embedding_)?B(\.|$)")
+
+
 def describe_parameters(model: nn.Module, learning_rate: float, weight_decay: float, layerwise_lr_decay: float = 1.0,
-                        head_lr: float | None = None, no_decay: list[str] | None = None) -> list[ParamInfo]:
+                        head_lr: float | None = None, no_decay: list[str] | None = None,
+                        loraplus_lr_ratio: float | None = None) -> list[ParamInfo]:
     """Depth, decay, LR and weight decay of every trainable parameter (each tensor once, even when tied)."""
     blocks = find_blocks(model)
     if blocks is None and (layerwise_lr_decay != 1.0 or head_lr is not None):
@@ -83,6 +89,8 @@ def describe_parameters(model: nn.Module, learning_rate: float, weight_decay: fl
         lr = learning_rate * layerwise_lr_decay ** (num_blocks + 1 - depth)
         if head_lr is not None and depth == num_blocks + 1:
             lr = head_lr
+        if loraplus_lr_ratio is not None and LORA_B.search(name):
+            lr *= loraplus_lr_ratio
         infos.append(ParamInfo(name, depth, decay, lr, weight_decay if decay else 0.0, param.numel()))
     return infos
 
@@ -101,10 +109,10 @@ def layerwise_param_groups(model: nn.Module, infos: list[ParamInfo]) -> list[dic
 
 
 def group_summary(infos: list[ParamInfo]) -> list[dict]:
-    """One row per (depth, decay): what `hf-tune plan` prints."""
-    rows: dict[tuple[int, bool], dict] = {}
+    """One row per (depth, decay, LR): what `hf-tune plan` prints (LoRA+ gives a block's B matrices a row of their own)."""
+    rows: dict[tuple[int, bool, float], dict] = {}
     for info in infos:
-        row = rows.setdefault((info.depth, info.decay), {"depth": info.depth, "params": 0, "tensors": 0,
+        row = rows.setdefault((info.depth, info.decay, info.lr), {"depth": info.depth, "params": 0, "tensors": 0,
                                                          "lr": info.lr, "weight_decay": info.weight_decay})
         row["params"] += info.numel
         row["tensors"] += 1

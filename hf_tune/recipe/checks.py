@@ -36,6 +36,9 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     _check_fsdp_with_deepspeed(recipe)
     _check_integrations_installed(recipe.training)
     check_quantization(recipe)
+    if recipe.optim.loraplus_lr_ratio is not None and recipe.lora is None:
+        raise RecipeError("optim.loraplus_lr_ratio", "scales the LR of LoRA B matrices, and the recipe has no lora "
+                          "section", fix="add a lora section, or remove optim.loraplus_lr_ratio")
 
 
 def _check_batching(recipe: Recipe, causal: bool) -> None:

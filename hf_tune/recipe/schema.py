@@ -107,6 +107,9 @@ class OptimSection(_Section):
     no_decay: list[str] | None = Field(
         default=None, description="regexes of parameter names without weight decay; default: biases, norms, embeddings")
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="floor of the cosine schedule, x each group's peak")
+    loraplus_lr_ratio: PositiveFloat | None = Field(
+        default=None, description="LoRA+: the LR of LoRA B matrices x this ratio (the paper suggests 16), on top of "
+                                  "their depth's LR; needs a lora section")
 
 
 class EvaluationSection(_Section):
