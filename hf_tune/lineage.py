@@ -24,12 +24,13 @@ LINEAGE_FIELDS = ("recipe", "base_model", "datasets", "git", "packages")  # the 
 
 
 def run_lineage(recipe: Recipe, datasets: dict[str, Any]) -> dict[str, Any]:
-    """The lineage fields of a run: ``datasets`` maps a split name to its ``datasets.Dataset`` (or None)."""
+    """The lineage fields of a run: ``datasets`` maps a split name to its ``datasets.Dataset`` (or None), or a
+    mixture's source (``train[i]``) to what it gave (a dict: path, format, fingerprint, examples)."""
     return {
         "recipe": redact_secrets(resolved_recipe_dict(recipe)),
         "base_model": base_model(recipe.model.pretrained_model_name_or_path, recipe.model.revision),
-        "datasets": {name: {"fingerprint": ds._fingerprint, "examples": len(ds)} for name, ds in datasets.items()
-                     if ds is not None},
+        "datasets": {name: ds if isinstance(ds, dict) else {"fingerprint": ds._fingerprint, "examples": len(ds)}
+                     for name, ds in datasets.items() if ds is not None},  # a dict: a mixture's source, described
         "git": git_state(Path.cwd()),
         "packages": package_versions(),
     }

@@ -40,7 +40,7 @@ def _train(run: Run, resume: str | None, started: str):
     recipe, args, trainer = run.recipe, run.args, run.trainer
     run_dir = Path(args.output_dir)
     main = trainer.is_world_process_zero()
-    datasets = {"train": run.data.train, "eval": run.data.eval}
+    datasets = {"train": run.data.train, "eval": run.data.eval, **run.data.sources}
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
     if main:
         save_resolved_recipe(recipe, run_dir)

@@ -12,6 +12,7 @@ from hf_tune.model.attention import default_attn_implementation, runs_examples_a
 from hf_tune.tasks import task_of
 from hf_tune.data.classification import label_names, tokenize_classification
 from hf_tune.data.loading import load_raw_datasets, load_source
+from hf_tune.data.mixture import build_mixture
 from hf_tune.data.packing import CausalLMCollator, causal_lm_loss, pack_by_token_budget
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset
 from hf_tune.recipe.schema import Recipe
@@ -41,11 +42,13 @@ def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str
 
 @dataclasses.dataclass
 class TrainingData:
-    """Tokenized train and eval datasets, and the class names of a classification recipe (None otherwise)."""
+    """Tokenized train and eval datasets, the class names of a classification recipe (None otherwise), and for a
+    mixture each source's path, format, fingerprint and example count (``{"train[i]": {...}}``)."""
 
     train: Dataset
     eval: Dataset | None
     labels: list[str] | None
+    sources: dict[str, dict] = dataclasses.field(default_factory=dict)  # a mixture: what each source gave
 
 
 def build_training_data(recipe: Recipe, tokenizer, training_args=None) -> TrainingData:
@@ -59,12 +62,16 @@ def build_training_data(recipe: Recipe, tokenizer, training_args=None) -> Traini
 
 
 def _build_training_data(recipe: Recipe, tokenizer) -> TrainingData:
+    if recipe.data.format != "classification":
+        mixture = build_mixture(recipe.data, tokenizer, data_seed(recipe))
+        train = mixture.train
+        if recipe.data.batch_tokens:
+            train = pack_by_token_budget(train, recipe.data.batch_tokens, data_seed(recipe))
+        return TrainingData(train, mixture.eval, None, mixture.sources)
     source = load_source(recipe.data.train, "data.train", recipe.data.format)
-    labels = label_names(source) if recipe.data.format == "classification" else None
+    labels = label_names(source)
     raw_train, raw_eval = load_raw_datasets(recipe.data, data_seed(recipe), train=source)
     train = tokenize(recipe, tokenizer, raw_train, "data.train", labels)
-    if recipe.data.batch_tokens:
-        train = pack_by_token_budget(train, recipe.data.batch_tokens, data_seed(recipe))
     evaluation = tokenize(recipe, tokenizer, raw_eval, "data.eval", labels) if raw_eval is not None else None
     return TrainingData(train, evaluation, labels)
 

@@ -15,13 +15,14 @@ from hf_tune.errors import RecipeError, describe_exception
 from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns
 from hf_tune.recipe.schema import DataSection, DatasetSource
 
+SOURCE_KEYS = {"columns", "format", "weight", "epochs"}  # hf_tune's keys of a source; the rest go to load_dataset
 _LOAD_FIX = "use a local file (path: data/train.jsonl) or a Hub dataset already in the local cache"
 
 
 def load_source(source: DatasetSource, key: str, format: str | None = None) -> Dataset:
     """``load_dataset(**source)``, where a local .jsonl/.json/.csv/.parquet/.txt ``path`` selects its builder. With
     ``format``, every example is checked against it (``check_examples``)."""
-    kwargs = source.model_dump(exclude_none=True)
+    kwargs = source.model_dump(exclude_none=True, exclude=SOURCE_KEYS)
     path = kwargs.pop("path")
     suffix = Path(path).suffix
     if suffix in LOCAL_DATA_SUFFIXES and Path(path).is_file():
@@ -35,11 +36,25 @@ def load_source(source: DatasetSource, key: str, format: str | None = None) -> D
             raise RecipeError(key, f"load_dataset({path!r}) failed: {describe_exception(err)}", fix=_LOAD_FIX) from err
         raise RecipeError(key, f"{problem}\n  (load_dataset said: {describe_exception(err)})",
                           fix=f"repair the file, or point {key}.path at another file") from err
+    if source.columns:
+        dataset = map_columns(dataset, source.columns, key, describe_source(source))
     if format is not None:
         one_jsonl = len(files) == 1 and files[0].suffix == ".jsonl"
         check_examples(dataset, format, key, describe_source(source),
                        line_of=(lambda row: line_of_row(files[0], row)) if one_jsonl else None)
     return dataset
+
+
+def map_columns(dataset: Dataset, columns: dict[str, str], key: str, where: str) -> Dataset:
+    """``columns``: the format's column name -> the dataset's; the dataset's columns take the format's names (a
+    column already holding such a name gives way to the one the recipe picks)."""
+    missing = [theirs for theirs in columns.values() if theirs not in dataset.column_names]
+    if missing:
+        raise RecipeError(f"{key}.columns", f"{where} has no column {missing[0]!r}; its columns are "
+                          f"{dataset.column_names}", fix="map each of the format's columns to one of these")
+    renames = {theirs: ours for ours, theirs in columns.items() if theirs != ours}
+    displaced = [ours for ours in renames.values() if ours in dataset.column_names and ours not in renames]
+    return dataset.remove_columns(displaced).rename_columns(renames)
 
 
 def load_raw_datasets(data: DataSection, seed: int, train: Dataset | None = None) -> tuple[Dataset, Dataset | None]:

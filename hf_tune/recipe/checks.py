@@ -7,6 +7,7 @@ import importlib.util
 
 from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
+from hf_tune.recipe.data_checks import check_sources
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
 from hf_tune.recipe.schema import Recipe
@@ -31,6 +32,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     for name in recipe.evaluation.metrics:
         metric_path(name)
     _check_early_stopping(recipe, evaluating)
+    check_sources(recipe)
     _check_batching(recipe, task.causal)
     check_deepspeed_config(recipe.training, optim_given)
     _check_fsdp_with_deepspeed(recipe)

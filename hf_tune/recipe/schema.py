@@ -17,9 +17,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PositiveInt, Tag,
+                      model_validator)
 
 
 class _Section(BaseModel):
@@ -66,14 +67,26 @@ class DatasetSource(_Section):
     name: str | None = None
     data_files: str | list[str] | dict[str, str | list[str]] | None = None
     data_dir: str | None = None
-    split: str = "train"
+    split: str = Field(default="train", description="a split, or a slice of one: train[:10%], train[100:200]")
     revision: str | None = None
+    columns: dict[str, str] | None = Field(
+        default=None, description="the format's column -> this dataset's column, e.g. {messages: conversation}")
+    format: str | None = Field(default=None, description="this source's format where a mixture's sources differ; "
+                                                         "default: data.format")
+    weight: PositiveFloat | None = Field(
+        default=None, description="data.train list: how often this source is drawn (interleave_datasets "
+                                  "probabilities, normalized over the sources)")
+    epochs: PositiveFloat | None = Field(
+        default=None, description="data.train: passes over this source (0.5: a seeded half, 2: each example twice)")
 
 
 class DataSection(_Section):
     """Where the examples come from and how they become tokens."""
 
-    train: DatasetSource
+    train: Annotated[Union[Annotated[DatasetSource, Tag("source")], Annotated[list[DatasetSource], Tag("sources")]],
+                     Discriminator(lambda v: "sources" if isinstance(v, list) else "source")] = Field(
+        description="one source, or a mixture: a list of sources, each with its own format, columns, and weight or "
+                    "epochs (hf_tune.data.mixture)")
     eval: DatasetSource | None = None
     eval_split: float | None = Field(default=None, gt=0, lt=1, description="fraction of train held out for eval")
     format: Literal["chat", "instruction", "prompt_completion", "text", "classification"] = "chat"
@@ -91,6 +104,16 @@ class DataSection(_Section):
     batch_tokens: PositiveInt | None = Field(
         default=None, description="causal LM: pack whole examples, grouped by length, into samples of at most this "
                                   "many tokens; per_device_train_batch_size then counts packs (default 1)")
+
+    stopping_strategy: Literal["first_exhausted", "all_exhausted", "all_exhausted_without_replacement"] = Field(
+        default="first_exhausted", description="a mixture with weights: interleave_datasets' stopping_strategy")
+
+    @property
+    def train_sources(self) -> list[tuple[str, DatasetSource]]:
+        """(recipe key, source) of each training source: ``data.train``, or ``data.train[i]`` of a mixture."""
+        if isinstance(self.train, list):
+            return [(f"data.train[{i}]", source) for i, source in enumerate(self.train)]
+        return [("data.train", self.train)]
 
     @model_validator(mode="after")
     def _one_eval_source(self) -> "DataSection":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +113,13 @@ def _parse_section(cls: type[BaseModel], values: Any, section: str) -> BaseModel
         raise HfTuneError("\n".join(str(p) for p in problems)) if len(problems) > 1 else problems[0] from None
 
 
+_UNION_TAGS = {"source", "sources"}  # the branches of data.train (one source, or a list): not part of a key
+
+
 def _describe(cls: type[BaseModel], section: str, error: dict[str, Any]) -> RecipeError:
-    loc = [str(part) for part in error["loc"]]
-    path = ".".join([section, *loc])
+    parts = [part for part in error["loc"] if part not in _UNION_TAGS]
+    loc = [str(part) for part in parts]
+    path = section + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
     if error["type"] == "extra_forbidden":
         return RecipeError(path, "unknown key", fix=did_you_mean(loc[-1], _fields_at(cls, loc[:-1])))
     if error["type"] == "missing":
@@ -126,12 +131,20 @@ def _describe(cls: type[BaseModel], section: str, error: dict[str, Any]) -> Reci
 
 def _fields_at(cls: type[BaseModel], loc: list[str]) -> list[str]:
     for part in loc:
-        annotation = cls.model_fields[part].annotation
-        nested = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if part.isdigit():  # an index into a list of sections
+            continue
+        nested = _models_in(cls.model_fields[part].annotation)
         if not nested:
             return []
         cls = nested[0]
     return list(cls.model_fields)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation (through unions, lists and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
 def _check_files(recipe: Recipe) -> None:
@@ -140,16 +153,17 @@ def _check_files(recipe: Recipe) -> None:
     if looks_like_local_path(model_name) and not os.path.isdir(os.path.expanduser(model_name)):
         raise RecipeError("model.pretrained_model_name_or_path", f"no such folder: {model_name}",
                           fix="name a folder holding config.json, a Hub id (org/name), or embedded:SmolLM2-135M-Instruct")
-    for name in ("train", "eval"):
-        source = getattr(recipe.data, name)
-        if source is None:
-            continue
+    sources = recipe.data.train_sources + ([("data.eval", recipe.data.eval)] if recipe.data.eval else [])
+    for name, source in sources:
         if Path(source.path).suffix in LOCAL_DATA_SUFFIXES and not Path(source.path).is_file():
-            raise RecipeError(f"data.{name}.path", f"file not found: {source.path}", fix="paths are relative to the folder you run from")
+            raise RecipeError(f"{name}.path", f"file not found: {source.path}", fix="paths are relative to the folder you run from")
         if source.path in PACKAGED_BUILDERS:  # data_files are local files then (Hub datasets resolve their own)
             for pattern in data_file_patterns(source.data_files):
                 if "://" not in pattern and not glob.glob(os.path.expanduser(pattern)):
-                    raise RecipeError(f"data.{name}.data_files", f"no file matches {pattern}")
+                    raise RecipeError(f"{name}.data_files", f"no file matches {pattern}")
+    tools = recipe.data.tools
+    if isinstance(tools, str) and not Path(tools).is_file():
+        raise RecipeError("data.tools", f"file not found: {tools}", fix="a .json file holding a list of tool schemas")
     template = recipe.data.chat_template
     if template and "{" not in template and not Path(template).is_file():
         raise RecipeError("data.chat_template", f"file not found: {template}", fix="give a .jinja file path or the template text itself")
