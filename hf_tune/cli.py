@@ -86,6 +86,14 @@ def _register(args) -> None:
           + (f"; alias {result['alias']} -> version {result['version']}" if result["alias"] else ""))
 
 
+def _compare(args) -> None:
+    from hf_tune.compare import collect_runs, comparison_table, format_table, plot_comparison
+
+    runs = collect_runs(args.run_dirs)
+    print(format_table(comparison_table(runs)))
+    print(f"curves: {plot_comparison(runs, args.out)}")
+
+
 def _promote(args) -> None:
     from hf_tune.registry import promote
 
@@ -162,6 +170,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="also upload run.json (host name, command line, environment), trainer_state.json and plots")
     v.add_argument("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)")
     v.set_defaults(func=_push)
+
+    v = verbs.add_parser("compare", help="table of runs' differing recipe keys and results; their curves in one PNG")
+    v.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)")
+    v.add_argument("--out", default="compare.png", help="the PNG of overlaid loss and eval curves")
+    v.set_defaults(func=_compare)
 
     v = verbs.add_parser("register", help="log a run's model to the MLflow registry as a new version of NAME")
     v.add_argument("run_dir")
