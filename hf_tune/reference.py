@@ -18,6 +18,8 @@ import pyarrow as pa
 import torch
 from datasets import Dataset, concatenate_datasets
 
+from hf_tune.errors import RecipeError
+
 logger = logging.getLogger(__name__)
 
 # the config values that change the reference log-probabilities of the same examples
@@ -61,6 +63,10 @@ class ReferenceLogpsCache:
 
     # A private TRL hook, and the one place its precomputation can be reused (see the module docstring).
     def _precompute_ref_logps(self, dataset: Dataset, name: str, batch_size: int) -> Dataset:
+        if len(dataset) == 0:  # TRL drops the pairs whose prompt alone fills max_length (truncation_mode keep_start)
+            raise RecipeError("training.max_length", f"every prompt of the {name} data fills it "
+                              f"({self.args.max_length} tokens), so no pair is left to train on",
+                              fix="raise training.max_length, or set training.truncation_mode: keep_end")
         base = self.ref_model or self.accelerator.unwrap_model(self.model)
         parts = [getattr(self, "_name", type(self).__name__), examples_digest(dataset), reference_weights_digest(base),
                  *(f"{k}={getattr(self.args, k, None)}" for k in _SETTINGS)]

@@ -136,7 +136,7 @@ def _unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
 
 def _prompt_row(example: dict[str, Any]) -> dict[str, Any]:
     prompt = _text_or_messages(example["prompt"], "prompt")
-    if not _text(prompt).strip():
+    if not _text(prompt, roles=None).strip():
         raise _BadRow("prompt", "the prompt is empty")
     return {"prompt": prompt}
 
@@ -186,8 +186,11 @@ def _as_reply(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-def _text(value: str | list[dict[str, str]]) -> str:
-    return value if isinstance(value, str) else "".join(m["content"] for m in value if m["role"] == "assistant")
+def _text(value: str | list[dict[str, str]], roles: tuple[str, ...] | None = ("assistant",)) -> str:
+    """The text of an answer (its assistant messages), or of every message with ``roles=None``."""
+    if isinstance(value, str):
+        return value
+    return "".join(m["content"] for m in value if roles is None or m["role"] in roles)
 
 
 def _shared_prefix(a: list[dict[str, str]], b: list[dict[str, str]]) -> int:

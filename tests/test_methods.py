@@ -1,0 +1,379 @@
+"""Methods beyond SFT on TRL's trainers (dpo, kto, reward, grpo): the recipe key, the data layouts, hf_tune's
+features over TRL's classes, and each loss against one written here from log-probabilities or scores."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from conftest import DATA, REPO
+from hf_tune import load_recipe, train
+from hf_tune.build import build_run
+from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.recipe import read_recipe
+
+PAIRS = [
+    ("What is 2 + 2?", "2 + 2 = 4.", "2 + 2 = 5."),
+    ("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Lyon."),
+    ("What is 3 + 5?", "3 + 5 = 8.", "3 + 5 = 9."),
+    ("Spell 'cat' backwards.", "'cat' backwards is 'tac'.", "'cat' backwards is 'act'."),
+    ("What is 10 - 4?", "10 - 4 = 6.", "10 - 4 = 7."),
+    ("What is the capital of Spain?", "The capital of Spain is Madrid.", "The capital of Spain is Rome."),
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def conversational_pairs(path: Path) -> Path:
+    return write_jsonl(path, [{"prompt": [{"role": "user", "content": p}],
+                               "chosen": [{"role": "assistant", "content": c}],
+                               "rejected": [{"role": "assistant", "content": r}]} for p, c, r in PAIRS])
+
+
+def method_recipe(method: str, model: str, data: Path, out: Path, lora: bool = True, **training) -> dict:
+    raw = {"method": method, "model": {"pretrained_model_name_or_path": model},
+           "data": {"train": {"path": str(data)}},
+           "training": {"output_dir": str(out), "max_steps": 2, "per_device_train_batch_size": 2,
+                        "learning_rate": 1e-3, "report_to": "none", "logging_steps": 1, "save_strategy": "no",
+                        "disable_tqdm": True, "bf16": False, "gradient_checkpointing": False, **training}}
+    if lora:
+        raw["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    return raw
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+# --- the recipe ---------------------------------------------------------------------------------------------------
+
+def test_an_unknown_method_suggests_the_closest(tmp_path, tiny_llama_dir):
+    raw = method_recipe("dpoo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
+    with pytest.raises(RecipeError, match=r"method: unknown method 'dpoo'.*\n.*did you mean 'dpo'"):
+        read_recipe(raw)
+
+
+def test_training_is_checked_against_the_methods_trl_config(tmp_path, tiny_llama_dir):
+    data = conversational_pairs(tmp_path / "p.jsonl")
+    recipe = read_recipe(method_recipe("dpo", tiny_llama_dir, data, tmp_path / "run", beta=0.3, loss_type=["ipo"]))
+    assert recipe.training["beta"] == 0.3 and recipe.method == "dpo"
+    with pytest.raises(RecipeError, match=r"training.betta: unknown key: not an argument of DPOConfig.*\n.*'beta'"):
+        read_recipe(method_recipe("dpo", tiny_llama_dir, data, tmp_path / "run", betta=0.3))
+    sft = {"model": {"pretrained_model_name_or_path": tiny_llama_dir}, "data": {"train": {"path": str(data)}},
+           "training": {"beta": 0.1}}
+    with pytest.raises(RecipeError, match=r"training.beta: unknown key: not an argument of TrainingArguments"):
+        read_recipe(sft)
+
+
+def test_the_method_sets_the_model_head_and_data_format_and_refuses_others(tmp_path, tiny_llama_dir):
+    data = conversational_pairs(tmp_path / "p.jsonl")
+    recipe = read_recipe(method_recipe("reward", tiny_llama_dir, data, tmp_path / "run"))
+    assert (recipe.model.task, recipe.data.format) == ("reward_model", "preference")
+    raw = method_recipe("reward", tiny_llama_dir, data, tmp_path / "run")
+    raw["model"]["task"] = "causal_lm"
+    with pytest.raises(RecipeError, match=r"model.task: is 'causal_lm', but method 'reward' trains a reward_model"):
+        read_recipe(raw)
+    raw = method_recipe("dpo", tiny_llama_dir, data, tmp_path / "run")
+    raw["data"]["format"] = "chat"
+    with pytest.raises(RecipeError, match=r"data.format: 'chat' is not read by method 'dpo'"):
+        read_recipe(raw)
+    raw = method_recipe("dpo", tiny_llama_dir, data, tmp_path / "run")
+    raw["data"]["max_length"] = 256
+    with pytest.raises(RecipeError, match=r"data.max_length: applies to method 'sft'.*\n.*training.max_length"):
+        read_recipe(raw)
+
+
+def test_grpo_rewards_are_checked_when_the_recipe_loads(tmp_path, tiny_llama_dir):
+    prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "What is 1 + 1?", "answer": "2"}])
+    raw = method_recipe("grpo", tiny_llama_dir, prompts, tmp_path / "run")
+    with pytest.raises(RecipeError, match=r"rewards: method 'grpo' needs at least one reward function"):
+        read_recipe(raw)
+    for rewards, message in ((["exact_anser"], r"rewards\[0\]: unknown reward 'exact_anser'.*\n.*'exact_answer'"),
+                             ([{"name": "format_regex"}], r"rewards\[0\]: reward 'format_regex' needs \['pattern'\]"),
+                             ([{"name": "format_regex", "pattern": "(("}], r"rewards\[0\].pattern: not a regular expression")):
+        with pytest.raises(RecipeError, match=message):
+            read_recipe({**raw, "rewards": rewards})
+    dpo = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
+    with pytest.raises(RecipeError, match=r"rewards: only method 'grpo' uses reward functions"):
+        read_recipe({**dpo, "rewards": ["exact_answer"]})
+
+
+# --- the data -----------------------------------------------------------------------------------------------------
+
+def load_pairs(path: Path, method: str = "dpo"):
+    from hf_tune.data.preference import load_method_data
+
+    recipe = read_recipe({"method": method, "model": {"pretrained_model_name_or_path": "org/model"},
+                          "data": {"train": {"path": str(path)}}, "training": {"output_dir": "unused"}})
+    return load_method_data(recipe.data, method, 0)[0]
+
+
+def test_every_preference_layout_reads_as_the_same_pairs(tmp_path):
+    expected = [{"prompt": [{"role": "user", "content": p}], "chosen": [{"role": "assistant", "content": c}],
+                 "rejected": [{"role": "assistant", "content": r}]} for p, c, r in PAIRS]
+    layouts = {
+        "explicit.jsonl": expected,
+        "implicit.jsonl": [{"chosen": e["prompt"] + e["chosen"], "rejected": e["prompt"] + e["rejected"]}
+                           for e in expected],
+        "factory_sharegpt.json": [{"conversations": [{"from": "human", "value": p}], "chosen": {"from": "gpt", "value": c},
+                                   "rejected": {"from": "gpt", "value": r}} for p, c, r in PAIRS],
+        "factory_alpaca.json": [{"instruction": p, "chosen": c, "rejected": r} for p, c, r in PAIRS],
+    }
+    for name, rows in layouts.items():
+        path = tmp_path / name
+        if name.endswith(".json"):
+            path.write_text(json.dumps(rows))
+        else:
+            write_jsonl(path, rows)
+        assert load_pairs(path).to_list() == expected, name
+    strings = write_jsonl(tmp_path / "strings.jsonl", [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS])
+    assert load_pairs(strings)[0] == {"prompt": PAIRS[0][0], "chosen": PAIRS[0][1], "rejected": PAIRS[0][2]}
+
+
+def test_shipped_llamafactory_pairs_read_like_the_shipped_trl_pairs():
+    factory = load_pairs(DATA / "preference_llamafactory_demo.json")
+    trl_layout = load_pairs(DATA / "preference_demo.jsonl").select(range(len(factory)))
+    assert factory.to_list() == trl_layout.to_list()
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "Hi", "chosen": "Hello"}, r"format 'preference' needs columns \['chosen', 'rejected'\]; missing \['rejected'\]"),
+    ({"prompt": "Hi", "chosen": " ", "rejected": "Go away"}, r"line 2 \(example 2 of 2\), column 'chosen': the answer is empty"),
+    ({"prompt": "Hi", "chosen": "Hello", "rejected": "Hello"}, r"line 2 \(example 2 of 2\), column 'rejected': equals 'chosen'"),
+    ({"prompt": "Hi", "chosen": [{"role": "assistant"}], "rejected": "No"}, r"column 'chosen': message 1 has keys \['role'\]"),
+])
+def test_bad_pairs_are_named_by_file_line_and_column(tmp_path, row, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "Ok", "chosen": "Yes", "rejected": "No"}, row]
+                       if "rejected" in row else [row])
+    with pytest.raises(RecipeError, match=message):
+        load_pairs(path)
+
+
+def test_kto_reads_unpaired_rows_and_unpairs_a_preference_set(tmp_path):
+    unpaired = write_jsonl(tmp_path / "u.jsonl", [{"prompt": "Hi", "completion": "Hello", "label": True},
+                                                   {"prompt": "Hi", "completion": "Go away", "label": False}])
+    recipe = {"method": "kto", "model": {"pretrained_model_name_or_path": "org/model"},
+              "data": {"train": {"path": str(unpaired)}}, "training": {"output_dir": "unused"}}
+    assert read_recipe(recipe).data.format == "unpaired_preference"
+    assert load_pairs(unpaired, "kto")["label"] == [True, False]
+    bad = write_jsonl(tmp_path / "b.jsonl", [{"prompt": "Hi", "completion": "Hello", "label": "yes"}])
+    with pytest.raises(RecipeError, match=r"column 'label': expected true \(desirable\) or false, got 'yes'"):
+        load_pairs(bad, "kto")
+    recipe["data"] = {"format": "preference", "train": {"path": str(conversational_pairs(tmp_path / "p.jsonl"))}}
+    rows = load_method_data_of(recipe)
+    assert len(rows) == 2 * len(PAIRS) and sorted(set(rows["label"])) == [False, True]
+
+
+def load_method_data_of(raw: dict):
+    from hf_tune.data.preference import load_method_data
+
+    recipe = read_recipe(raw)
+    return load_method_data(recipe.data, recipe.method, 0)[0]
+
+
+# --- DPO ----------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def dpo_run(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        beta=0.5, learning_rate=1e-6)
+    return build_run(load_recipe(raw)), raw
+
+
+def sequence_logps(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of the log-probabilities of the completion tokens of each sequence: (chosen, rejected), written here."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    targets = batch["input_ids"][:, 1:]
+    token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    sums = (token_logps * batch["completion_mask"][:, 1:]).sum(dim=1)
+    return sums.chunk(2)
+
+
+def test_dpo_reference_is_the_base_with_the_adapter_disabled(dpo_run):
+    from peft import PeftModel
+
+    run, _ = dpo_run
+    trainer = run.trainer
+    assert isinstance(trainer.model, PeftModel) and trainer.ref_model is None  # no second copy of the model
+    assert list(trainer.model.peft_config) == ["default"]  # and no copy of the adapter
+    assert {"ref_chosen_logps", "ref_rejected_logps"} <= set(trainer.train_dataset.column_names)
+
+
+def test_dpo_loss_is_ln2_at_step_0_and_equals_the_loss_written_from_log_probabilities(dpo_run):
+    run, _ = dpo_run
+    trainer, model = run.trainer, run.trainer.model
+    trainer.train()
+    assert logged(trainer, "loss")[0] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference
+    assert logged(trainer, "rewards/chosen")[0] == 0 and logged(trainer, "rewards/margins")[0] == 0
+
+    with torch.no_grad():  # move the adapter away from the reference, then compare one batch's loss
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    batch = next(iter(trainer.get_train_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        policy_chosen, policy_rejected = sequence_logps(model, batch)
+        with model.disable_adapter():
+            ref_chosen, ref_rejected = sequence_logps(model, batch)
+        beta = trainer.args.beta
+        expected = -F.logsigmoid(beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))).mean()
+        got = trainer.compute_loss(model, batch)
+    assert torch.allclose(batch["ref_chosen_logps"], ref_chosen, atol=1e-5)  # the precomputed reference
+    assert got.item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_dpo_optimizer_has_hf_tunes_groups_with_the_lr_of_their_depth(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        learning_rate=1e-3, weight_decay=0.1)
+    raw["optim"] = {"layerwise_lr_decay": 0.5}
+    trainer = build_run(load_recipe(raw)).trainer
+    optimizer = trainer.create_optimizer()
+    lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    trained = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert len(lr_of) == len(trained)  # every trained parameter in exactly one group
+    for name, param in trained:  # 2 blocks: block i is at depth i + 1, its LR 1e-3 * 0.5 ** (3 - depth)
+        block = int(name.split(".layers.")[1].split(".")[0])
+        assert lr_of[id(param)] == pytest.approx(1e-3 * 0.5 ** (2 - block))
+
+
+def test_dpo_nan_guard_stops_before_the_step(tmp_path, tiny_llama_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    broken = tmp_path / "nan-model"
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")
+    model.save_pretrained(broken)
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(broken)
+    raw = method_recipe("dpo", str(broken), conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
+    raw["training"]["precompute_ref_log_probs"] = False  # else the reference pass meets the NaN first
+    with pytest.raises(HfTuneError, match=r"(?s)loss at step 1 is nan.*last good checkpoint: none yet"):
+        train(load_recipe(raw))
+
+
+def test_reference_log_probabilities_are_reused_across_runs_and_adapters(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    data = conversational_pairs(tmp_path / "p.jsonl")
+    first = build_run(load_recipe(method_recipe("dpo", tiny_llama_dir, data, tmp_path / "a"))).trainer
+    assert getattr(first, "reference_cache_hits", 0) == 0
+    other = method_recipe("dpo", tiny_llama_dir, data, tmp_path / "b", seed=7)
+    other["lora"]["r"] = 8  # another adapter on the same base: the same reference
+    second = build_run(load_recipe(other)).trainer
+    assert second.reference_cache_hits == 1
+    assert second.train_dataset["ref_chosen_logps"] == first.train_dataset["ref_chosen_logps"]
+    truncated = method_recipe("dpo", tiny_llama_dir, data, tmp_path / "c", max_length=30, truncation_mode="keep_end")
+    assert getattr(build_run(load_recipe(truncated)).trainer, "reference_cache_hits", 0) == 0  # other tokens
+    too_short = method_recipe("dpo", tiny_llama_dir, data, tmp_path / "d", max_length=8)
+    with pytest.raises(RecipeError, match=r"training.max_length: every prompt of the train data fills it"):
+        build_run(load_recipe(too_short))
+
+
+@pytest.mark.slow
+def test_dpo_killed_between_checkpoints_resumes_to_the_same_adapter_and_losses(tmp_path, tiny_llama_dir):
+    from safetensors.torch import load_file
+
+    from test_checkpoints import kill_after_checkpoint, run_to_end, step_losses
+
+    data = conversational_pairs(tmp_path / "p.jsonl")
+
+    def recipe_file(name: str) -> Path:
+        raw = method_recipe("dpo", tiny_llama_dir, data, tmp_path / name, max_steps=12, save_strategy="steps",
+                            save_steps=4, learning_rate=5e-3, seed=3)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    reference = run_to_end(recipe_file("reference"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    killed = recipe_file("killed")
+    kill_after_checkpoint(killed, tmp_path / "killed", 4)
+    resumed = run_to_end(killed)
+    assert resumed.returncode == 0 and "Resuming from" in resumed.stderr, resumed.stderr[-3000:]
+    assert step_losses(tmp_path / "killed") == step_losses(tmp_path / "reference")
+    mine = load_file(tmp_path / "killed" / "adapter_model.safetensors")
+    theirs = load_file(tmp_path / "reference" / "adapter_model.safetensors")
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+# --- reward model, KTO, GRPO --------------------------------------------------------------------------------------
+
+def test_reward_model_loss_is_the_pairwise_loss_of_its_scores(tmp_path, tiny_llama_dir):
+    raw = method_recipe("reward", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
+    trainer = build_run(load_recipe(raw)).trainer
+    model = trainer.model
+    assert model.get_base_model().config.num_labels == 1
+    batch = next(iter(trainer.get_train_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        scores = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
+        chosen, rejected = scores.chunk(2)
+        expected = -F.logsigmoid(chosen - rejected).mean()
+        got = trainer.compute_loss(model, batch)
+    assert got.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_kto_loss_at_step_0_is_the_closed_form(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": p, "completion": c, "label": True} for p, c, _ in PAIRS] + \
+           [{"prompt": p, "completion": r, "label": False} for p, _, r in PAIRS]
+    data = write_jsonl(tmp_path / "u.jsonl", rows)
+    raw = method_recipe("kto", tiny_llama_dir, data, tmp_path / "run", per_device_train_batch_size=4, max_steps=1,
+                        learning_rate=1e-6, desirable_weight=1.0, undesirable_weight=1.0)
+    run = build_run(load_recipe(raw))
+    run.trainer.train()
+    # policy == reference: every log-ratio and the KL estimate are 0, so each example's loss is 1 - sigmoid(0)
+    assert logged(run.trainer, "loss")[0] == pytest.approx(1 - 1 / (1 + math.exp(0)), abs=1e-6)
+
+
+def test_grpo_scores_its_sampled_completions_with_the_recipes_reward_functions(tmp_path, tiny_llama_dir):
+    module = tmp_path / "my_rewards.py"
+    module.write_text("SEEN = []\n\ndef length_reward(prompts, completions, **columns):\n"
+                      "    scores = [float(len(c[-1]['content'] if isinstance(c, list) else c) % 3) for c in completions]\n"
+                      "    SEEN.append(scores)\n    return scores\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
+                                                      "answer": str(a + 1)} for a in range(8)])
+        raw = method_recipe("grpo", tiny_llama_dir, prompts, tmp_path / "run", per_device_train_batch_size=4,
+                            num_generations=2, max_completion_length=4, max_steps=2, beta=0.0)
+        raw["rewards"] = ["my_rewards:length_reward", {"name": "exact_answer", "column": "answer"}]
+        run = build_run(load_recipe(raw))
+        run.trainer.train()
+        import my_rewards
+
+        assert len(my_rewards.SEEN) == 2 and all(len(s) == 4 for s in my_rewards.SEEN)
+        means = logged(run.trainer, "rewards/length_reward/mean")
+        assert means == pytest.approx([sum(s) / len(s) for s in my_rewards.SEEN], abs=1e-6)
+        assert logged(run.trainer, "rewards/exact_answer/mean")  # the shipped reward ran beside it
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_rewards", None)
+
+
+def test_shipped_rewards_read_answers_like_a_person_would():
+    from hf_tune.rewards import exact_answer, format_regex
+
+    completions = ["The answer is 12.", [{"role": "assistant", "content": "1,200"}], "12.50", "no idea"]
+    assert exact_answer(None, completions, answer=["12", "1200", "12.5", "3"]) == [1.0, 1.0, 1.0, 0.0]
+    assert format_regex(None, ["42", " 42 ", "42 apples"], pattern=r"-?\d+") == [1.0, 1.0, 0.0]
+
+
+def test_every_shipped_method_recipe_validates():
+    for name in ("llm_dpo", "reward_model", "llm_grpo"):
+        recipe = read_recipe(REPO / "recipes" / f"{name}.yaml")
+        assert recipe.method in ("dpo", "reward", "grpo")
