@@ -103,6 +103,49 @@ def test_token_budget_packs_hold_every_example_once_grouped_by_length():
     assert again["input_ids"] == packs["input_ids"]
 
 
+def greedy_packs_reference(lengths: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
+    """The packing rule written plainly: a seeded shuffle, a stable sort by length, greedy filling."""
+    import random
+
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    order.sort(key=lengths.__getitem__)
+    packs, filled = [], batch_tokens
+    for i in order:
+        if filled + lengths[i] > batch_tokens:
+            packs.append([])
+            filled = 0
+        packs[-1].append(i)
+        filled += lengths[i]
+    return packs
+
+
+def test_packs_are_built_in_arrow_cached_by_fingerprint_and_follow_a_reordered_dataset(tmp_path):
+    """A tokenized dataset read from a cache file, reordered by an indices mapping (as a mixture is): the packs hold
+    the examples the rule picks, with their tokens and labels; a second call reads the packs the first wrote."""
+    from datasets import load_dataset
+
+    from hf_tune.data.packing import pack_by_token_budget
+
+    lengths = [int(x) for x in torch.randint(1, 90, (300,), generator=torch.Generator().manual_seed(1))]
+    rows = [{"input_ids": [i] * n, "labels": [-100] + [i] * (n - 1)} for i, n in enumerate(lengths)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenized = load_dataset("json", data_files=str(tmp_path / "t.jsonl"), split="train",
+                             cache_dir=str(tmp_path / "cache"))
+    reordered = tokenized.select(list(range(299, -1, -1)))  # row j is example 299 - j
+    packs = pack_by_token_budget(reordered, batch_tokens=256, seed=5)
+    expected = greedy_packs_reference(lengths[::-1], 256, 5)
+    assert [[299 - j for j in pack] for pack in expected] == [[ids[0] for ids in p] for p in packs["input_ids"]]
+    for pack_ids, pack_labels in zip(packs["input_ids"], packs["labels"]):
+        for ids, labels in zip(pack_ids, pack_labels):
+            assert ids == [ids[0]] * lengths[ids[0]] and labels == [-100] + ids[1:]
+    (cache,) = packs.cache_files
+    assert cache["filename"].startswith(str(tmp_path / "cache"))
+    again = pack_by_token_budget(reordered, batch_tokens=256, seed=5)
+    assert again.cache_files == packs.cache_files and again._fingerprint == packs._fingerprint
+    assert pack_by_token_budget(reordered, batch_tokens=256, seed=6)._fingerprint != packs._fingerprint
+
+
 def one_sgd_step(tmp_path, tiny_llama_dir, name: str, **data_and_training) -> dict[str, torch.Tensor]:
     """Weights after one plain-SGD step (lr 1, no clipping) of a full fine-tune on the 8 examples in chats.jsonl."""
     from safetensors.torch import load_file

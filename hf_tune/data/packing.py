@@ -10,14 +10,24 @@ one training sample, so every step carries about the same number of tokens howev
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from datasets import Dataset
+from datasets.fingerprint import Hasher
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
 from hf_tune.data.tokenization import IGNORE_INDEX
+
+
+PACKING_VERSION = "2"  # bump when the packs change: cached packs are then never reused
+_LENGTH_BATCH = 100_000  # rows whose lengths are read from Arrow at a time
+_PACK_BATCH = 1_000  # packs gathered and written at a time
 
 
 def pack_by_token_budget(dataset: Dataset, batch_tokens: int, seed: int) -> Dataset:
@@ -25,21 +35,54 @@ def pack_by_token_budget(dataset: Dataset, batch_tokens: int, seed: int) -> Data
 
     Examples are ordered by length (ties broken by a seeded shuffle) and filled greedily, so each pack holds
     examples of similar length and is nearly full. An example longer than the budget gets a pack of its own.
+
+    Built at scale without holding tokens in Python: lengths are read from Arrow, the packs are index lists, and
+    each pack's examples are gathered from the tokenized dataset in Arrow batches and written next to its cache
+    (keyed by its fingerprint, the budget and the seed), so a second run, or another rank, reads the packs back.
     """
-    lengths = [len(ids) for ids in dataset["input_ids"]]
+    lengths = example_lengths(dataset)
+    packs = pack_indices(lengths, batch_tokens, seed)
+    fingerprint = Hasher.hash([dataset._fingerprint, batch_tokens, seed, PACKING_VERSION])
+    index = Dataset(pa.table({"examples": packs}), fingerprint=Hasher.hash([fingerprint, "index"]))
+    cache_file = None
+    if dataset.cache_files:
+        cache_file = os.path.join(os.path.dirname(dataset.cache_files[0]["filename"]), f"packs-{fingerprint}.arrow")
+    source = dataset.with_format("arrow")
+
+    def gather(batch: pa.Table) -> pa.Table:
+        examples = batch["examples"].combine_chunks()
+        offsets = pc.subtract(examples.offsets, examples.offsets[0])
+        rows = source[pc.list_flatten(examples).to_pylist()]
+        return pa.table({name: pa.ListArray.from_arrays(offsets, rows[name].combine_chunks())
+                         for name in ("input_ids", "labels")})
+
+    return index.with_format("arrow").map(
+        gather, batched=True, batch_size=_PACK_BATCH, remove_columns=["examples"], new_fingerprint=fingerprint,
+        cache_file_name=cache_file, desc=f"Packing into {batch_tokens}-token packs").with_format(None)
+
+
+def example_lengths(dataset: Dataset) -> np.ndarray:
+    """The token count of every example, read from Arrow batch by batch (no token becomes a Python int)."""
+    parts = [pc.list_value_length(batch["input_ids"]).to_numpy(zero_copy_only=False)
+             for batch in dataset.with_format("arrow").iter(batch_size=_LENGTH_BATCH)]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def pack_indices(lengths: np.ndarray, batch_tokens: int, seed: int) -> pa.ListArray:
+    """The examples of each pack: sorted by length after a seeded shuffle (the shuffle breaks ties), then filled
+    greedily up to ``batch_tokens``."""
     order = list(range(len(lengths)))
     random.Random(seed).shuffle(order)
-    order.sort(key=lengths.__getitem__)
-    packs: list[list[int]] = []
-    filled = batch_tokens
-    for i in order:
-        if filled + lengths[i] > batch_tokens:
-            packs.append([])
+    order = np.asarray(order, dtype=np.int64)
+    order = order[np.argsort(lengths[order], kind="stable")]
+    starts, filled = [], batch_tokens
+    for position, n in enumerate(lengths[order].tolist()):
+        if filled + n > batch_tokens:
+            starts.append(position)
             filled = 0
-        packs[-1].append(i)
-        filled += lengths[i]
-    columns = {name: dataset[name] for name in ("input_ids", "labels")}
-    return Dataset.from_dict({name: [[values[i] for i in pack] for pack in packs] for name, values in columns.items()})
+        filled += n
+    offsets = np.asarray([*starts, len(order)], dtype=np.int64) if len(order) else np.zeros(1, dtype=np.int64)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(order))
 
 
 def unpack_features(features: list[dict[str, Any]]) -> list[dict[str, Any]]:
