@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -86,6 +87,14 @@ def _register(args) -> None:
           + (f"; alias {result['alias']} -> version {result['version']}" if result["alias"] else ""))
 
 
+def _profile(args) -> None:
+    from hf_tune.preflight import load_recipe
+    from hf_tune.profiling import format_profile, profile_recipe
+
+    summary = profile_recipe(load_recipe(args.recipe, args.overrides), out=args.out)
+    print(format_profile(summary, Path(summary["dir"])))
+
+
 def _compare(args) -> None:
     from hf_tune.compare import collect_runs, comparison_table, format_table, plot_comparison
 
@@ -140,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     v = recipe_verb("plan", _plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training")
     v.add_argument("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)")
     v.add_argument("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")
+    v = recipe_verb("profile", _profile, "a short run of the profile section's steps under torch.profiler: trace, "
+                    "top operators, step-time shares")
+    v.add_argument("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; "
+                   "the real run folder is not touched)")
     v = recipe_verb("cv", _cv, "stratified k-fold cross-validation of a classification recipe")
     v.add_argument("--folds", type=int, default=5)
     v = recipe_verb("search", _search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)")

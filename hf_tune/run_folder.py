@@ -21,4 +21,6 @@ MLFLOW_RUN_ID = "mlflow_run_id"  # one MLflow run per run folder and tracking UR
 MLFLOW_DB, MLFLOW_ARTIFACTS = "mlflow.db", "artifacts"  # in MLFLOW_DIR: the default MLflow store (SQLite)
 WANDB_DIR, MLFLOW_DIR, TENSORBOARD_DIR = "wandb", "mlruns", "runs"  # tracker logs
 CV_RESULTS = "cv_results.json"  # hf-tune cv
+PROFILE_DIR = "profile"  # the recipe's profile section, or hf-tune profile: torch.profiler's outputs, in it:
+PROFILE_TRACE, PROFILE_TOP_OPS, PROFILE_SUMMARY = "trace.json", "top_ops.csv", "profile.json"
 STUDY_DB, TRIALS_CSV, BEST_RECIPE = "study.db", "trials.csv", "best_recipe.yaml"  # a search's study folder

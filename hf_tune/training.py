@@ -32,6 +32,10 @@ def train(recipe: Recipe):
     check_distributed(args)  # a launch that is not really distributed is refused before the ranks talk
     resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
     run = build_run(recipe, args)  # bad data or a bad model fails here, before anything is written
+    if recipe.profile is not None:  # torch.profiler over the section's steps, into RUN_DIR/profile/
+        from hf_tune.profiling import StepProfiler, profile_dir
+
+        run.trainer.add_callback(StepProfiler(recipe.profile, profile_dir(run_dir)))
     with tracking_scope(recipe, run_dir, run.trainer):  # this run's tracker settings, restored after
         return _train(run, resume, started)
 

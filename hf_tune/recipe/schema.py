@@ -10,6 +10,7 @@ Sections:
   hub       -> model-card metadata                                             (ours: HubSection)
   search    -> hyperparameter search space and study settings                  (ours: SearchSection)
   tracking  -> project / run name / group / tags for the trackers in training.report_to (ours: TrackingSection)
+  profile   -> torch.profiler over a few training steps: wait / warmup / active      (ours: ProfileSection)
 """
 
 from __future__ import annotations
@@ -213,7 +214,19 @@ class SearchSection(_Section):
     output_dir: str | None = Field(default=None, description="the study folder; default: training.output_dir")
 
 
-SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking")
+class ProfileSection(_Section):
+    """``torch.profiler`` over training steps (``torch.profiler.schedule`` names): skip ``wait`` steps, warm up for
+    ``warmup``, record ``active``; the trace, top operators and step-time shares go to ``output_dir/profile/``."""
+
+    wait: int = Field(default=1, ge=0, description="steps skipped first (the first step carries one-off set-up)")
+    warmup: int = Field(default=1, ge=0, description="steps profiled but discarded (profiler start-up)")
+    active: PositiveInt = Field(default=3, description="steps recorded")
+    record_shapes: bool = Field(default=True, description="input shapes of each operator, in the trace")
+    with_stack: bool = Field(default=False, description="Python stacks and nn.Module names (slower)")
+    profile_memory: bool = Field(default=False, description="tensor allocations")
+
+
+SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile")
 
 
 @dataclasses.dataclass
@@ -229,6 +242,7 @@ class Recipe:
     hub: HubSection = dataclasses.field(default_factory=HubSection)
     search: SearchSection | None = None
     tracking: TrackingSection = dataclasses.field(default_factory=TrackingSection)
+    profile: ProfileSection | None = None
     source: Path | None = None
 
     @property
@@ -247,5 +261,6 @@ class Recipe:
             "hub": self.hub.model_dump(exclude_none=True),
             "search": self.search.model_dump(exclude_none=True) if self.search else None,
             "tracking": self.tracking.model_dump(exclude_none=True),
+            "profile": self.profile.model_dump() if self.profile else None,
         }
         return {k: v for k, v in resolved.items() if v is not None}

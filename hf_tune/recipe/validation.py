@@ -16,7 +16,7 @@ from hf_tune.methods import DEFAULT_METHOD, METHODS
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
-                                   Recipe, SearchSection, TrackingSection)
+                                   ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
 from hf_tune.redaction import refuse_secrets
 from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
@@ -41,6 +41,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     hub = _parse_section(HubSection, raw.get("hub") or {}, "hub")
     search = _parse_section(SearchSection, raw["search"], "search") if raw.get("search") is not None else None
     tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
+    profile = _parse_section(ProfileSection, raw["profile"] or {}, "profile") if "profile" in raw else None
 
     from peft import LoraConfig
 
@@ -56,7 +57,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    hub=hub, search=search, tracking=tracking, method=method.name,
+                    hub=hub, search=search, tracking=tracking, profile=profile, method=method.name,
                     rewards=list(raw.get("rewards") or []), source=source)
     check_method(recipe, raw)
     _check_files(recipe)
