@@ -10,6 +10,8 @@ from transformers import AutoTokenizer
 from hf_tune.errors import HfTuneError, RecipeError, stage_errors
 from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
+from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
+                                      trainable_token_indices)
 from hf_tune.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
@@ -37,6 +39,7 @@ def build_tokenizer(recipe: Recipe):
             tokenizer.chat_template = template if "{" in template else Path(template).read_text()
             # a template that does not render fails here, not in the middle of tokenization
             tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+        add_template_tokens(tokenizer, tokenizer.chat_template)  # markers a base model lacks: one token each
     return tokenizer
 
 
@@ -72,13 +75,30 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
             model.set_attn_implementation(SDPA_VARLEN)  # transformers' SDPA, but flattened examples attend apart
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    return model if recipe.lora is None else wrap_lora(model, recipe)
+    new_ids = new_token_ids(tokenizer) if tokenizer is not None else []
+    if tokenizer is not None:
+        rows = fit_embeddings(model, tokenizer)
+        log_new_tokens(tokenizer, rows, "with every weight (full fine-tune)" if recipe.lora is None else
+                       "through peft's trainable_token_indices" if not _lora_trains_embeddings(recipe.lora) else
+                       "as the lora section says")
+    return model if recipe.lora is None else wrap_lora(model, recipe, new_ids)
 
 
-def wrap_lora(model, recipe: Recipe):
+def _lora_trains_embeddings(lora: dict) -> bool:
+    """The lora section already says how embeddings train (trainable_token_indices, or embeddings saved whole)."""
+    return bool(lora.get("trainable_token_indices")) or any(
+        "embed" in name or name in ("wte", "lm_head") for name in lora.get("modules_to_save") or [])
+
+
+def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
     """The model wrapped by PEFT with the recipe's ``lora`` section. PEFT's errors name the ``lora`` key; a
-    ``target_modules`` that matches nothing lists the model's linear modules to choose from."""
+    ``target_modules`` that matches nothing lists the model's linear modules to choose from. ``new_token_ids``:
+    tokens added for the chat template, whose embedding rows train through ``trainable_token_indices``."""
     from peft import LoraConfig, get_peft_model
+
+    lora = dict(recipe.lora)
+    if new_token_ids and not _lora_trains_embeddings(lora):
+        lora["trainable_token_indices"] = trainable_token_indices(model, new_token_ids)
 
     checkpointing = bool(recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"))
     if recipe.model.quantization_config:
@@ -92,8 +112,7 @@ def wrap_lora(model, recipe: Recipe):
         model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
     with stage_errors(lambda message: blame_key("lora", recipe.lora, message), "wrapping the model with PEFT"):
         try:
-            model = get_peft_model(model, LoraConfig(task_type=task_of(recipe.model.task).peft_task_type,
-                                                      **recipe.lora))
+            model = get_peft_model(model, LoraConfig(task_type=task_of(recipe.model.task).peft_task_type, **lora))
         except ValueError as err:
             if not _matches_no_module(err):
                 raise
