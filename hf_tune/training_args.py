@@ -18,6 +18,11 @@ from hf_tune.recipe.upstream import blame_key
 def training_kwargs(recipe: Recipe) -> dict:
     """The recipe's ``training`` keys plus what hf_tune fills in when the recipe is silent."""
     kwargs = resolve_schedule(recipe.training, recipe.optim)  # a no-op for a recipe from load_recipe
+    tracking = recipe.tracking  # the run's name and project reach every tracker through Trainer's own arguments
+    if tracking.name and "run_name" not in kwargs:
+        kwargs["run_name"] = tracking.name
+    if tracking.project and "project" not in kwargs:  # Trackio's project
+        kwargs["project"] = tracking.project
     if "use_cpu" not in kwargs and not accelerator_available():
         kwargs["use_cpu"] = True  # without it, a CPU run under torchrun trains each rank alone
     if kwargs.get("deepspeed"):  # the JSON itself: the recipe keeps the short name (zero3) or path it was given
