@@ -4,8 +4,13 @@ Tokens are counted from the batches themselves (real tokens only: a pad that equ
 attention mask, and a flattened batch has no pads), so the figures are right for padded, padding-free and packed
 batches alike. Model FLOPs are the ones training needs: every linear layer and attention on the real tokens, the LM
 head on the positions it projects, a backward pass that computes weight gradients only where weights train (so a
-LoRA run counts about 4 FLOPs per parameter and token, a full fine-tune 6). MFU divides them by a matmul peak
-measured once per CPU model or GPU (cached), not by a data-sheet number.
+LoRA run counts about 4 FLOPs per parameter and token, a full fine-tune 6).
+
+MFU divides them by the hardware's theoretical peak, the convention of published MFU figures: a GPU's data-sheet
+dense peak for the dtype (``GPU_PEAK_TFLOPS``), a CPU's cores x clock x FLOPs per cycle of its widest vector FMA
+(``cpu_peak_flops``). A dense matmul peak measured once per CPU model or GPU (cached) is kept as a second figure,
+``mfu_measured_peak``: it says how close the run came to what this host's matmuls reach, but it moves with the host's
+load (2-thread fp32 on one kind of machine: 69 to 311 GFLOP/s), so only the first compares runs across hosts.
 """
 
 from __future__ import annotations
@@ -105,6 +110,108 @@ def count_batch(inputs: dict) -> BatchCounts:
     return BatchCounts(sum(lengths), trained, len(lengths), lengths, head_positions)
 
 
+# Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets: float32 (FMA), tf32 (tensor cores, used for float32
+# matmuls when torch's float32 matmul precision is not "highest"), bfloat16 / float16 (tensor cores). Matched on
+# torch.cuda.get_device_name(), most specific name first.
+GPU_PEAK_TFLOPS = (
+    ("H100 PCIe", {"float32": 51.2, "tf32": 378.0, "bfloat16": 756.0, "float16": 756.0}),
+    ("H100 NVL", {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5}),
+    ("H100", {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),   # SXM
+    ("H200", {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),   # SXM
+    ("A100", {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0}),
+    ("L40S", {"float32": 91.6, "tf32": 183.0, "bfloat16": 362.05, "float16": 362.05}),
+    ("L4", {"float32": 30.3, "tf32": 60.0, "bfloat16": 121.0, "float16": 121.0}),
+    ("A10", {"float32": 31.2, "tf32": 62.5, "bfloat16": 125.0, "float16": 125.0}),
+    ("V100", {"float32": 15.7, "float16": 125.0}),  # SXM2
+    ("T4", {"float32": 8.1, "float16": 65.0}),
+)
+
+
+def gpu_peak_flops(name: str, dtype: torch.dtype, float32_precision: str = "highest") -> float | None:
+    """The data-sheet dense peak of the GPU called ``name`` for matmuls in ``dtype``, or None when unknown."""
+    kind = str(dtype).removeprefix("torch.")
+    if kind == "float32" and float32_precision != "highest":
+        kind = "tf32"
+    for model, peaks in GPU_PEAK_TFLOPS:
+        if model in name:
+            return peaks[kind] * 1e12 if kind in peaks else None
+    return None
+
+
+def cpu_flops_per_cycle(flags: set[str], vendor: str, family: int | None, dtype: torch.dtype) -> int | None:
+    """FLOPs one x86 core issues per cycle with its widest FMA, two FMA pipes assumed (an FMA counts 2 FLOPs):
+    float32 AVX-512 64 (AMD before Zen 5 runs it on 256-bit pipes: 32), AVX2 + FMA 32, AVX 16, SSE 8; bfloat16 /
+    float16 with AMX 1024, with AVX512-BF16 / -FP16 twice float32, else float32's. None off x86."""
+    if "sse2" not in flags:
+        return None
+    if "avx512f" in flags:
+        fp32 = 32 if vendor == "AuthenticAMD" and (family or 0) < 26 else 64
+    elif "avx2" in flags and "fma" in flags:
+        fp32 = 32
+    elif "avx" in flags:
+        fp32 = 16
+    else:
+        fp32 = 8
+    if dtype == torch.bfloat16:
+        return 1024 if "amx_bf16" in flags else 2 * fp32 if "avx512_bf16" in flags else fp32
+    if dtype == torch.float16:
+        return 1024 if "amx_fp16" in flags else 2 * fp32 if "avx512_fp16" in flags else fp32
+    return fp32
+
+
+def cpu_peak_flops(dtype: torch.dtype, threads: int) -> tuple[float, str] | None:
+    """(FLOP/s, how it was computed) of this CPU: the cores the run uses (its threads, at most the physical
+    cores) x the clock x FLOPs per cycle. The clock is the CPU's maximum frequency where the OS reports it, else the
+    one in its model name, else the current one (a virtual machine's is often the nominal clock: boost can exceed
+    it, so a measured matmul can then outrun this figure). None where a part is unknown."""
+    fields = _cpuinfo()
+    flags = set(fields.get("flags", "").split())
+    family = int(fields["cpu family"]) if fields.get("cpu family", "").isdigit() else None
+    per_cycle = cpu_flops_per_cycle(flags, fields.get("vendor_id", ""), family, dtype)
+    ghz, source = _cpu_clock_ghz(fields)
+    if per_cycle is None or ghz is None:
+        return None
+    import psutil
+
+    cores = min(threads, psutil.cpu_count(logical=False) or threads)
+    return cores * ghz * 1e9 * per_cycle, f"{cores} cores x {ghz:.2f} GHz ({source}) x {per_cycle} FLOPs/cycle"
+
+
+def _cpuinfo() -> dict[str, str]:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+    except OSError:
+        return {}
+    return {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in lines if ":" in line)}
+
+
+def _cpu_clock_ghz(fields: dict[str, str]) -> tuple[float | None, str]:
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6, "maximum"
+    except (OSError, ValueError):
+        pass
+    import re
+
+    named = re.search(r"@\s*([\d.]+)\s*GHz", fields.get("model name", ""))
+    if named:
+        return float(named.group(1)), "model name"
+    try:
+        return float(fields["cpu MHz"]) / 1000, "current"
+    except (KeyError, ValueError):
+        return None, ""
+
+
+def theoretical_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The hardware's theoretical dense peak for this dtype (data sheet for GPUs, cores x clock x FLOPs/cycle for
+    CPUs), or None when it is not known."""
+    if device.type == "cuda":
+        return gpu_peak_flops(torch.cuda.get_device_name(device), dtype, torch.get_float32_matmul_precision())
+    if device.type == "cpu":
+        peak = cpu_peak_flops(dtype, torch.get_num_threads())
+        return peak[0] if peak else None
+    return None
+
+
 def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     """Dense matmul FLOP/s of this device and dtype (with this many threads), measured once and cached."""
     if device.type == "cuda":
@@ -175,7 +282,8 @@ class Throughput(TrainerCallback):
     def __init__(self, causal: bool):
         self.causal = causal
         self.flops: ModelFlops | None = None
-        self.peak: float | None = None
+        self.peak: float | None = None  # theoretical
+        self.measured_peak: float | None = None
         self.window = self._zero()
         self.total = self._zero()
         self._mark = None
@@ -196,7 +304,8 @@ class Throughput(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.flops = model_flops(model, self.causal) if model is not None else None
         dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else next(model.parameters()).dtype
-        self.peak = measured_peak_flops(args.device, dtype)
+        self.peak = theoretical_peak_flops(args.device, dtype)
+        self.measured_peak = measured_peak_flops(args.device, dtype)
         self._mark = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -232,8 +341,10 @@ class Throughput(TrainerCallback):
                f"{prefix}examples_per_second": examples / seconds,
                f"{prefix}step_time": seconds / steps,
                f"{prefix}peak_memory_gb": peak_memory / 2**30}
-        if self.peak and flops:
+        if self.peak and flops:  # against the theoretical peak: the figure published MFUs mean
             out[f"{prefix}mfu"] = flops / seconds / (self.peak * accelerator.num_processes)
+        if self.measured_peak and flops:  # against this host's measured matmul peak
+            out[f"{prefix}mfu_measured_peak"] = flops / seconds / (self.measured_peak * accelerator.num_processes)
         if final:
             out.update(train_tokens=tokens, train_trained_tokens=trained)
         return out

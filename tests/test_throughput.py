@@ -86,7 +86,75 @@ def test_a_run_reports_tokens_and_throughput_in_its_metrics(tmp_path, tiny_llama
     assert metrics["train_tokens"] == real
     assert metrics["train_trained_tokens"] == trained
     assert metrics["train_tokens_per_second"] > 0 and 0 < metrics["train_mfu"] < 1
+    # MFU against the theoretical peak, and against the measured matmul peak as a second figure: same FLOPs
+    from hf_tune.throughput import measured_peak_flops, theoretical_peak_flops
+
+    cpu = torch.device("cpu")
+    ratio = measured_peak_flops(cpu, torch.float32) / theoretical_peak_flops(cpu, torch.float32)
+    assert metrics["train_mfu"] / metrics["train_mfu_measured_peak"] == pytest.approx(ratio, rel=1e-9)
     assert metrics["train_peak_memory_gb"] > 0.1
     history = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["log_history"]
     windows = [entry for entry in history if "tokens_per_second" in entry]
     assert windows and all(w["step_time"] > 0 for w in windows)
+
+
+@pytest.mark.parametrize("name, dtype, precision, tflops", [
+    ("NVIDIA H100 80GB HBM3", torch.bfloat16, "highest", 989.4),   # SXM
+    ("NVIDIA H100 PCIe", torch.bfloat16, "highest", 756.0),
+    ("NVIDIA H200", torch.float16, "highest", 989.4),
+    ("NVIDIA A100-SXM4-80GB", torch.float32, "highest", 19.5),      # fp32 FMA
+    ("NVIDIA A100-SXM4-80GB", torch.float32, "high", 156.0),        # TF32 tensor cores
+    ("NVIDIA A100-PCIE-40GB", torch.bfloat16, "highest", 312.0),
+    ("NVIDIA A10", torch.bfloat16, "highest", 125.0),               # not the A100's
+    ("NVIDIA L40S", torch.bfloat16, "highest", 362.05),             # not the L4's
+    ("NVIDIA L4", torch.bfloat16, "highest", 121.0),
+    ("Tesla T4", torch.float16, "highest", 65.0),
+    ("Tesla T4", torch.bfloat16, "highest", None),                  # no bf16 on Turing
+    ("AMD Instinct MI300X", torch.bfloat16, "highest", None),       # not in the table: no theoretical MFU
+])
+def test_gpu_theoretical_peaks_are_the_data_sheet_dense_figures(name, dtype, precision, tflops):
+    from hf_tune.throughput import gpu_peak_flops
+
+    got = gpu_peak_flops(name, dtype, precision)
+    assert got == (None if tflops is None else pytest.approx(tflops * 1e12))
+
+
+@pytest.mark.parametrize("flags, vendor, family, dtype, per_cycle", [
+    ("sse2 avx avx2 fma avx512f", "GenuineIntel", 6, torch.float32, 2 * 16 * 2),   # 2 FMA pipes x 16 lanes x 2
+    ("sse2 avx avx2 fma avx512f", "AuthenticAMD", 25, torch.float32, 2 * 8 * 2),   # Zen 4: 256-bit pipes
+    ("sse2 avx avx2 fma avx512f", "AuthenticAMD", 26, torch.float32, 2 * 16 * 2),  # Zen 5: 512-bit pipes
+    ("sse2 avx avx2 fma", "AuthenticAMD", 25, torch.float32, 2 * 8 * 2),           # Zen 3
+    ("sse2 avx", "GenuineIntel", 6, torch.float32, 8 * 2),                         # mul + add, 8 lanes each
+    ("sse2", "GenuineIntel", 6, torch.float32, 4 * 2),
+    ("sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16", "GenuineIntel", 6, torch.bfloat16, 1024),  # AMX tiles
+    ("sse2 avx avx2 fma avx512f avx512_bf16", "GenuineIntel", 6, torch.bfloat16, 2 * 16 * 2 * 2),  # dot of pairs
+    ("sse2 avx avx2 fma", "GenuineIntel", 6, torch.bfloat16, 2 * 8 * 2),           # converted to fp32
+    ("fp asimd sve", "", None, torch.float32, None),                               # not x86: unknown
+])
+def test_cpu_flops_per_cycle_follow_the_instruction_set(flags, vendor, family, dtype, per_cycle):
+    from hf_tune.throughput import cpu_flops_per_cycle
+
+    assert cpu_flops_per_cycle(set(flags.split()), vendor, family, dtype) == per_cycle
+
+
+def test_this_cpus_theoretical_peak_is_cores_times_clock_times_flops_per_cycle():
+    """Read back from /proc/cpuinfo here, independently: the cores the run uses, the clock, the FLOPs per cycle."""
+    import re
+    from pathlib import Path
+
+    import psutil
+
+    from hf_tune.throughput import cpu_flops_per_cycle, cpu_peak_flops
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    flags = set(re.search(r"^flags\s*:(.*)$", info, re.M).group(1).split()) if "flags" in info else set()
+    if "sse2" not in flags or Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").is_file() \
+            or "GHz" in info.split("\n\n")[0]:
+        pytest.skip("checked on an x86 host whose clock is the current one of /proc/cpuinfo")
+    mhz = float(re.search(r"^cpu MHz\s*:\s*([\d.]+)", info, re.M).group(1))
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M).group(1)
+    family = int(re.search(r"^cpu family\s*:\s*(\d+)", info, re.M).group(1))
+    cores = min(torch.get_num_threads(), psutil.cpu_count(logical=False))
+    peak, how = cpu_peak_flops(torch.float32, torch.get_num_threads())
+    assert peak == pytest.approx(cores * mhz * 1e6 * cpu_flops_per_cycle(flags, vendor, family, torch.float32))
+    assert how.startswith(f"{cores} cores x ")
