@@ -80,4 +80,7 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
         extra["model_init"] = trial_hooks.model_init
     with stage_errors(lambda message: blame_key("training", recipe.training, message), "building the Trainer"):
         run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args, **extra)
+    if method.uses_trl:  # the model TRL wrapped with the adapter, and the examples it tokenized
+        run.model = run.trainer.model
+        run.data = TrainingData(run.trainer.train_dataset, run.trainer.eval_dataset, labels=None)
     return run

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 from hf_tune import run_folder
 from hf_tune.build import build_run
+from hf_tune.methods import method_of
 from hf_tune.optim import group_summary, recipe_param_infos
 from hf_tune.recipe.schema import Recipe
 
@@ -55,10 +57,16 @@ def model_state_sizes(model) -> tuple[int, int, int]:
 def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
     """Everything the run will do, computed with the real model, data, optimizer and scheduler. Writes
     ``lr_schedule.png`` (one line per optimizer group) into ``out_dir`` (default: the run's output_dir)."""
+    if method_of(recipe.method).reference:  # a plan needs no reference pass over the data
+        recipe = dataclasses.replace(recipe, training={**recipe.training, "precompute_ref_log_probs": False})
     run = build_run(recipe, check_launch=False)  # plans for a launch other than this one
     args, model, train_dataset, trainer = run.args, run.model, run.data.train, run.trainer
     world = world_size or args.world_size
-    per_epoch = steps_per_epoch(len(train_dataset), args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
+    method = method_of(recipe.method)
+    generations = getattr(args, "num_generations", None) or 1 if method.generates else 1
+    # GRPO's sampler repeats each prompt num_generations times, and its batch counts completions
+    per_epoch = steps_per_epoch(len(train_dataset) * generations, args.per_device_train_batch_size,
+                                args.gradient_accumulation_steps, world)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
     infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
     trainer.create_optimizer_and_scheduler(num_training_steps=total)
@@ -70,10 +78,13 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         trainer.optimizer.step()  # no gradients: a no-op that keeps the scheduler's order check quiet
         trainer.lr_scheduler.step()
 
+    effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     result = {
+        "method": method.name,
+        "method_batch": method_batch(method, effective, generations),
         "examples": len(train_dataset),
         "world_size": world,
-        "effective_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+        "effective_batch_size": effective,
         "steps_per_epoch": per_epoch,
         "total_steps": total,
         "warmup_steps": args.get_warmup_steps(total),
@@ -101,6 +112,16 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     return result
 
 
+def method_batch(method, effective: int, generations: int) -> str:
+    """What one optimizer step trains on, in the method's own units."""
+    if method.generates:
+        return (f"{effective} completions per step: {effective / generations:g} prompts x {generations} generations "
+                "(training.num_generations), each scored by the rewards")
+    if method.reference or method.name == "reward":
+        return f"{effective} pairs per step: {2 * effective} sequences (chosen and rejected) through the model"
+    return f"{effective} examples per step"
+
+
 def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> Path:
     import matplotlib
 
@@ -124,7 +145,8 @@ def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> 
 
 
 def format_plan(result: dict) -> str:
-    lines = [f"examples: {result['examples']}   world size: {result['world_size']}   "
+    lines = [f"method: {result['method']} ({result['method_batch']})",
+             f"examples: {result['examples']}   world size: {result['world_size']}   "
              f"effective batch: {result['effective_batch_size']}",
              f"steps per epoch: {result['steps_per_epoch']}   total steps: {result['total_steps']}   "
              f"warmup steps: {result['warmup_steps']}   schedule: {result['lr_scheduler_type']}",

@@ -377,3 +377,24 @@ def test_every_shipped_method_recipe_validates():
     for name in ("llm_dpo", "reward_model", "llm_grpo"):
         recipe = read_recipe(REPO / "recipes" / f"{name}.yaml")
         assert recipe.method in ("dpo", "reward", "grpo")
+
+
+def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
+    from hf_tune.plan import format_plan, plan
+
+    dpo = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "dpo")
+    result = plan(load_recipe(dpo))
+    assert result["method"] == "dpo" and result["method_batch"].startswith("2 pairs per step: 4 sequences")
+    # LoRA r=4 on q_proj (32 -> 32) and v_proj (32 -> 16) of 2 blocks: r * (in + out) each
+    assert result["trainable_params"] == 2 * (4 * (32 + 32) + 4 * (32 + 16))
+    assert "method: dpo (2 pairs per step" in format_plan(result)
+    prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(8)])
+    grpo = method_recipe("grpo", tiny_llama_dir, prompts, tmp_path / "grpo", per_device_train_batch_size=4,
+                         num_generations=2, max_completion_length=4, max_steps=-1, num_train_epochs=1)
+    grpo["rewards"] = ["exact_answer"]
+    result = plan(load_recipe(grpo))
+    assert result["method_batch"].startswith("4 completions per step: 2 prompts x 2 generations")
+    assert result["steps_per_epoch"] == 8 * 2 // 4  # every prompt sampled twice, 4 completions a step
+    trainer = build_run(load_recipe(grpo)).trainer
+    trainer.train()
+    assert trainer.state.global_step == result["total_steps"]  # the plan's count is the one GRPO takes
