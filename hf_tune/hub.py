@@ -71,7 +71,8 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
         tolerance = max(tolerance, compute_tolerance)
         merged = merged.to(getattr(torch, dtype))
     else:
-        model = task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32).eval()
+        head = {"num_labels": task.num_labels} if task.num_labels else {}  # a reward model's one score
+        model = task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32, **head).eval()
         with torch.no_grad():
             reference = model(**samples).logits if check else None
         merged = model.merge_and_unload().to(getattr(torch, dtype))

@@ -16,6 +16,7 @@ from hf_tune.lineage import embedded_spec as _embedded, read_lineage
 from hf_tune.model.embedded import PREFIX
 from hf_tune.redaction import redact_secrets
 from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
+from hf_tune.methods import method_of
 from hf_tune.tasks import Task, task_of
 
 VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
@@ -42,14 +43,19 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
     for name in (run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS):
         if (run_dir / name).is_file():
             metrics.update(json.loads((run_dir / name).read_text()))
-    tags = ["hf_tune", *(["lora"] if recipe.get("lora") is not None else []), *recipe.get("hub", {}).get("tags", [])]
+    method = method_of(recipe.get("method"))
+    tags = ["hf_tune", *(["lora"] if recipe.get("lora") is not None else []),
+            *(["trl", method.name] if method.uses_trl else []), *recipe.get("hub", {}).get("tags", [])]
     card_data = ModelCardData(
         base_model=base, library_name="peft" if lora else "transformers", license=recipe.get("hub", {}).get("license"),
         datasets=_hub_datasets(data) or None, tags=tags, pipeline_tag=task.pipeline_tag,
     )
     hyper = {k: training[k] for k in ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
                                       "gradient_accumulation_steps", "warmup_steps", "weight_decay",
-                                      "lr_scheduler_type", "optim", "seed") if k in training}
+                                      "lr_scheduler_type", "optim", "seed", "beta", "loss_type", "max_length",
+                                      "num_generations", "max_completion_length") if k in training}
+    if recipe.get("rewards"):
+        hyper["rewards"] = recipe["rewards"]
     hyper.update({f"lora.{k}": v for k, v in (recipe.get("lora") or {}).items()})
     hyper.update({f"optim.{k}": v for k, v in recipe.get("optim", {}).items()})
     train_source = data.get("train", {}).get("path", "?")
@@ -57,10 +63,12 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         f"# {repo_id.split('/')[-1]}", "",
         f"{'A LoRA adapter for' if lora else 'A fine-tune of'} {f'`{base}`' if base else 'a local base model'}"
         f"{' (merged into the base weights)' if merged else ''}, trained with "
-        f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.name.replace('_', ' ')}.", "",
+        f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.name.replace('_', ' ')}"
+        + (f", by {method.name.upper()} ({method.summary})." if method.uses_trl else "."), "",
         *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora, repo_id=repo_id),
         "## Training data", "",
-        f"`{train_source}` in the `{data.get('format', 'chat')}` format, up to {data.get('max_length')} tokens per example"
+        f"`{train_source}` in the `{data.get('format', 'chat')}` format, up to "
+        f"{training.get('max_length') if method.uses_trl else data.get('max_length')} tokens per example"
         + (f"; evaluation on `{data['eval']['path']}`." if data.get("eval") else
            f"; {data['eval_split']:.0%} held out for evaluation." if data.get("eval_split") else "."), "",
         "## Hyperparameters", "", "| key | value |", "|---|---|",

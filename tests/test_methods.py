@@ -398,3 +398,33 @@ def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
     trainer = build_run(load_recipe(grpo)).trainer
     trainer.train()
     assert trainer.state.global_step == result["total_steps"]  # the plan's count is the one GRPO takes
+
+
+def test_a_dpo_run_folder_chats_merges_and_its_card_names_the_method(tmp_path, tiny_llama_dir, monkeypatch):
+    from hf_tune.chat import load_trained, reply
+    from hf_tune.hub import merge
+    from hf_tune.model_card import render_model_card
+
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        beta=0.2, max_length=64)
+    train(load_recipe(raw))
+    model, tokenizer = load_trained(tmp_path / "run")
+    assert isinstance(reply(model, tokenizer, [{"role": "user", "content": "Hi"}], max_new_tokens=3), str)
+    result = merge(tmp_path / "run", check=True)
+    assert result["max_abs_logit_diff"] <= 1e-4
+    card = str(render_model_card(tmp_path / "run", "me/tiny-dpo", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert "by DPO (direct preference optimization" in card and "- dpo" in card and "- trl" in card
+    assert "| beta | 0.2 |" in card and "up to 64 tokens per example" in card
+
+
+def test_a_reward_model_run_merges_to_a_one_score_classifier(tmp_path, tiny_llama_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_tune.hub import merge
+
+    raw = method_recipe("reward", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
+    train(load_recipe(raw))
+    result = merge(tmp_path / "run", check=True)
+    merged = AutoModelForSequenceClassification.from_pretrained(result["merged_dir"])
+    assert merged.config.num_labels == 1
