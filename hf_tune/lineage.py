@@ -5,6 +5,7 @@ entry and the model card carry the same fields, read back from ``run.json`` by `
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -21,6 +22,7 @@ from hf_tune.sources import looks_like_local_path
 PACKAGES = ("hf_tune", "torch", "transformers", "datasets", "accelerate", "peft", "trl", "deepspeed", "optuna",
             "evaluate", "wandb", "mlflow")
 LINEAGE_FIELDS = ("recipe", "base_model", "datasets", "git", "packages")  # the keys of run_lineage, in run.json
+KEY_UNSAFE = re.compile(r"[^/\w.\- :]")  # what MLflow refuses in a param or tag name (a rank_pattern regex, ...)
 
 
 def run_lineage(recipe: Recipe, datasets: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +60,8 @@ def flat_lineage(lineage: dict[str, Any]) -> dict[str, str]:
 def _flatten(value: Any, prefix: str, into: dict[str, str]) -> None:
     if isinstance(value, dict) and value:
         for key, item in value.items():
-            _flatten(item, f"{prefix}.{key}" if prefix else str(key), into)
+            key = KEY_UNSAFE.sub("_", str(key).replace("[", ".").replace("]", ""))  # train[0] -> train.0
+            _flatten(item, f"{prefix}.{key}" if prefix else key, into)
     elif prefix:
         into[prefix] = value if isinstance(value, str) else json.dumps(value, default=str)
 

@@ -192,3 +192,19 @@ def test_register_promote_and_load_by_alias_gives_the_runs_logits(tmp_path, tiny
     assert expected.abs().max() > 0
     torch.testing.assert_close(loaded, expected, rtol=1e-5, atol=1e-5)
     assert "MLFLOW_TRACKING_URI" in os.environ and os.environ["MLFLOW_TRACKING_URI"] == mlflow_server
+
+
+@pytest.mark.slow
+def test_every_flattened_key_is_one_mlflow_takes(mlflow_server):
+    from mlflow.entities import Param
+
+    from hf_tune.lineage import flat_lineage
+
+    lineage = {"recipe": {"lora": {"rank_pattern": {"^model.*q_proj$": 8}, "target_modules": ["q_proj", "v_proj"]}},
+               "datasets": {"train[0]": {"fingerprint": "abc"}, "eval": {"fingerprint": "def"}}}
+    flat = flat_lineage(lineage)
+    assert flat["lora.target_modules"] == '["q_proj", "v_proj"]' and flat["datasets.train.0.fingerprint"] == "abc"
+    client = client_for(mlflow_server)
+    run = client.create_run("0")
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in flat.items()])  # MLflow's own name rules
+    assert client.get_run(run.info.run_id).data.params == flat
