@@ -87,12 +87,13 @@ TRACKER_ENV = ("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "
 
 
 @contextlib.contextmanager
-def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None):
+def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None, datasets: dict | None = None):
     """The trackers' settings for this run only: set on entry (what the environment already held wins), and on exit
     the environment is as it was. So a second run in one process (a notebook, the folds of ``hf-tune cv``) gets its
     own W&B / MLflow run, not the first one's id, name and folder. The tracker runs this run opened are closed, and
     ``trainer`` stops reporting to them (its later ``evaluate()`` returns metrics without logging them); a run the
-    user had open before is left open."""
+    user had open before is left open. ``datasets``: what the lineage describes (default: the trainer's train and
+    eval datasets)."""
     saved = {key: os.environ.get(key) for key in TRACKER_ENV}
     before = _open_tracker_runs()
     failed, mlflow_run_id = True, None
@@ -100,7 +101,8 @@ def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None):
         configure_tracking(recipe, run_dir)
         main = trainer.is_world_process_zero() if trainer is not None else int(os.environ.get("RANK", "0")) == 0
         if main and _reports_to(recipe, "mlflow") and before["mlflow"] is None:
-            datasets = {"train": trainer.train_dataset, "eval": trainer.eval_dataset} if trainer is not None else {}
+            if datasets is None:
+                datasets = {"train": trainer.train_dataset, "eval": trainer.eval_dataset} if trainer is not None else {}
             mlflow_run_id = start_mlflow_run(recipe, run_dir, trainer.args if trainer is not None else None, datasets)
         yield
         failed = False

@@ -36,7 +36,7 @@ def train(recipe: Recipe):
         from hf_tune.profiling import StepProfiler, profile_dir
 
         run.trainer.add_callback(StepProfiler(recipe.profile, profile_dir(run_dir)))
-    with tracking_scope(recipe, run_dir, run.trainer):  # this run's tracker settings, restored after
+    with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
         return _train(run, resume, started)
 
 
@@ -44,7 +44,7 @@ def _train(run: Run, resume: str | None, started: str):
     recipe, args, trainer = run.recipe, run.args, run.trainer
     run_dir = Path(args.output_dir)
     main = trainer.is_world_process_zero()
-    datasets = {"train": run.data.train, "eval": run.data.eval, **run.data.sources}
+    datasets = lineage_datasets(run)
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
     if main:
         save_resolved_recipe(recipe, run_dir)
@@ -64,6 +64,11 @@ def _train(run: Run, resume: str | None, started: str):
         write_report(run_dir)
         write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics)
     return trainer
+
+
+def lineage_datasets(run: Run) -> dict:
+    """The datasets run.json and the tracker params describe: train, eval, and each source of a mixture."""
+    return {"train": run.data.train, "eval": run.data.eval, **run.data.sources}
 
 
 def save_resolved_recipe(recipe: Recipe, output_dir: Path) -> Path:

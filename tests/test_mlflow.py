@@ -20,6 +20,7 @@ from conftest import REPO, chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.checkpoints import is_complete
 from hf_tune.cli import main as hf_tune_cli
+from hf_tune.lineage import flat_lineage, read_lineage
 from hf_tune.model_card import render_model_card
 from hf_tune.tracking import TRACKER_ENV
 
@@ -81,6 +82,9 @@ def test_the_run_folder_store_gets_the_recipes_name_tags_params_step_metrics_and
     assert params["datasets.train.fingerprint"] == manifest["datasets"]["train"]["fingerprint"]
     assert params["base_model.name_or_path"] == tiny_llama_dir
     assert params["packages.transformers"] == manifest["packages"]["transformers"]
+    lineage = flat_lineage(read_lineage(run_dir))  # run.json's lineage fields, each one an MLflow param
+    assert {k: params.get(k) for k in lineage if k != "git.dirty"} == {k: v for k, v in lineage.items()
+                                                                        if k != "git.dirty"}
 
     history = client.get_metric_history(run.info.run_id, "loss")
     assert {m.step: m.value for m in history} == pytest.approx(logged_losses(run_dir))
