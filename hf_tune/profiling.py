@@ -64,14 +64,14 @@ def summarize_profile(prof, out_dir: Path) -> dict[str, Any]:
         calls_time[1] += self_time(event)
     total_self = sum(shares.values())
     ranked = sorted(by_op.items(), key=lambda kv: -kv[1][1])
-    rows = [{"operator": name, "calls": calls, "self_ms": round(us / 1e3, 3),
-             "share_of_step_time": round(us / step_time, 4) if step_time else None}
-            for name, (calls, us) in ranked[:TOP_OPS]]
+    def row(name: str, calls: int, us: float) -> dict[str, Any]:
+        return {"operator": name, "calls": calls, "self_ms": round(us / 1e3, 3),
+                "share_of_step_time": round(us / step_time, 4) if step_time else None}
+
+    rows = [row(name, calls, us) for name, (calls, us) in ranked[:TOP_OPS]]
     rest = ranked[TOP_OPS:]
-    if rest:
-        us = sum(t for _, (_, t) in rest)
-        rows.append({"operator": f"({len(rest)} other operators)", "calls": sum(c for _, (c, _) in rest),
-                     "self_ms": round(us / 1e3, 3), "share_of_step_time": round(us / step_time, 4) if step_time else None})
+    if rest:  # the last row adds up the others, so the column sums to the profiled time
+        rows.append(row(f"({len(rest)} other operators)", sum(c for _, (c, _) in rest), sum(t for _, (_, t) in rest)))
     with (out_dir / run_folder.PROFILE_TOP_OPS).open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

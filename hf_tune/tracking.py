@@ -266,7 +266,8 @@ def mlflow_experiment_id(client, run_dir: Path, uri: str, name: str | None = Non
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    artifacts = (run_dir / run_folder.MLFLOW_DIR / run_folder.MLFLOW_ARTIFACTS).resolve().as_uri() if own_store else None
+    artifacts = run_dir / run_folder.MLFLOW_DIR / run_folder.MLFLOW_ARTIFACTS
+    artifacts = artifacts.resolve().as_uri() if own_store else None
     try:
         return client.create_experiment(name, artifact_location=artifacts)
     except MlflowException:  # created meanwhile by another process
