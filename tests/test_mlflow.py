@@ -100,6 +100,23 @@ def test_the_run_folder_store_gets_the_recipes_name_tags_params_step_metrics_and
         assert f"| {key} | `{params[key]}`" in card
 
 
+def test_a_plain_file_store_named_by_mlflow_tracking_uri_gets_the_run(tmp_path, tiny_llama_dir, monkeypatch):
+    store = (tmp_path / "file-store").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
+    run_dir = tmp_path / "run"
+    raw = chat_recipe(tiny_llama_dir, run_dir, max_steps=2, report_to="mlflow")
+    raw["tracking"] = {"name": "in-a-file-store", "tags": ["file"]}
+    train(load_recipe(raw))
+    client = client_for(store)
+    [run] = client.search_runs(["0"])  # no project: MLflow's Default experiment
+    assert run.info.run_name == "in-a-file-store" and "file" in run.data.tags and run.info.status == "FINISHED"
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss")}
+    assert history == pytest.approx(logged_losses(run_dir))
+    assert json.loads((run_dir / "mlflow_run_id").read_text()) == {store: run.info.run_id}
+    assert not (run_dir / "mlruns").exists()
+
+
 @pytest.mark.slow
 def test_two_runs_in_one_process_are_two_runs_on_a_tracking_server(tmp_path, tiny_llama_dir, mlflow_server,
                                                                      monkeypatch):
