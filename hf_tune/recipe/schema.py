@@ -152,7 +152,8 @@ class HubSection(_Section):
 
 
 class TrackingSection(_Section):
-    """Run identity for the trackers named in ``training.report_to`` (wandb, mlflow, tensorboard)."""
+    """Run identity for the trackers named in ``training.report_to`` (wandb, mlflow, trackio, tensorboard): name and
+    project also become Trainer's ``run_name`` / ``project`` unless ``training`` sets them (hf_tune.tracking)."""
 
     project: str | None = None
     name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")
