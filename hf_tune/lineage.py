@@ -31,11 +31,17 @@ def run_lineage(recipe: Recipe, datasets: dict[str, Any]) -> dict[str, Any]:
     return {
         "recipe": redact_secrets(resolved_recipe_dict(recipe)),
         "base_model": base_model(recipe.model.pretrained_model_name_or_path, recipe.model.revision),
-        "datasets": {name: ds if isinstance(ds, dict) else {"fingerprint": ds._fingerprint, "examples": len(ds)}
+        "datasets": {name: ds if isinstance(ds, dict) else dataset_entry(ds)
                      for name, ds in datasets.items() if ds is not None},  # a dict: a mixture's source, described
         "git": git_state(Path.cwd()),
         "packages": package_versions(),
     }
+
+
+def dataset_entry(dataset: Any) -> dict[str, Any]:
+    """Fingerprint and size of a dataset; a stream (``data.streaming``) has neither until it is read: None."""
+    return {"fingerprint": getattr(dataset, "_fingerprint", None),
+            "examples": len(dataset) if hasattr(dataset, "__len__") else None}
 
 
 def read_lineage(run_dir: str | Path) -> dict[str, Any]:

@@ -29,6 +29,10 @@ def training_kwargs(recipe: Recipe) -> dict:
         kwargs["deepspeed"] = load_deepspeed_config(kwargs["deepspeed"])
     if recipe.data.batch_tokens and "per_device_train_batch_size" not in kwargs:
         kwargs["per_device_train_batch_size"] = 1  # one pack of up to data.batch_tokens tokens per step and device
+    if recipe.data.streaming and "accelerator_config" not in kwargs:
+        # Each rank reads its share of the stream. accelerate's default for an IterableDataset reads on rank 0 and
+        # slices every tensor of a batch along its first dimension, cutting a flattened pack's example boundaries.
+        kwargs["accelerator_config"] = {"dispatch_batches": False}
     method = method_of(recipe.method)
     if method.reference and "precompute_ref_log_probs" in _fields(method.config):
         # computed once and cached across runs (hf_tune.reference): the steps then run no reference forward

@@ -12,7 +12,8 @@ from hf_tune.model.attention import default_attn_implementation, runs_examples_a
 from hf_tune.tasks import task_of
 from hf_tune.data.classification import label_names, tokenize_classification
 from hf_tune.data.loading import load_raw_datasets, load_source
-from hf_tune.data.mixture import build_mixture
+from hf_tune.data.mixture import build_mixture, source_section
+from hf_tune.data.streaming import build_stream
 from hf_tune.data.packing import CausalLMCollator, causal_lm_loss, pack_by_token_budget
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset
 from hf_tune.recipe.schema import Recipe
@@ -62,6 +63,13 @@ def build_training_data(recipe: Recipe, tokenizer, training_args=None) -> Traini
 
 
 def _build_training_data(recipe: Recipe, tokenizer) -> TrainingData:
+    if recipe.data.streaming:
+        data, evaluation = recipe.data, None
+        if data.eval is not None:
+            section = source_section(data, data.eval)
+            evaluation = tokenize_dataset(load_source(data.eval, "data.eval", section.format), tokenizer, section,
+                                          "data.eval")
+        return TrainingData(build_stream(data, tokenizer, data_seed(recipe)), evaluation, None)
     if recipe.data.format != "classification":
         mixture = build_mixture(recipe.data, tokenizer, data_seed(recipe))
         train = mixture.train

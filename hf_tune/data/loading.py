@@ -19,10 +19,13 @@ SOURCE_KEYS = {"columns", "format", "weight", "epochs"}  # hf_tune's keys of a s
 _LOAD_FIX = "use a local file (path: data/train.jsonl) or a Hub dataset already in the local cache"
 
 
-def load_source(source: DatasetSource, key: str, format: str | None = None) -> Dataset:
+def load_source(source: DatasetSource, key: str, format: str | None = None, streaming: bool = False) -> Dataset:
     """``load_dataset(**source)``, where a local .jsonl/.json/.csv/.parquet/.txt ``path`` selects its builder. With
-    ``format``, every example is checked against it (``check_examples``)."""
+    ``format``, every example is checked against it (``check_examples``). ``streaming``: an ``IterableDataset``,
+    read as it is consumed (its rows are not checked ahead)."""
     kwargs = source.model_dump(exclude_none=True, exclude=SOURCE_KEYS)
+    if streaming:
+        kwargs["streaming"] = True
     path = kwargs.pop("path")
     suffix = Path(path).suffix
     if suffix in LOCAL_DATA_SUFFIXES and Path(path).is_file():
@@ -36,6 +39,8 @@ def load_source(source: DatasetSource, key: str, format: str | None = None) -> D
             raise RecipeError(key, f"load_dataset({path!r}) failed: {describe_exception(err)}", fix=_LOAD_FIX) from err
         raise RecipeError(key, f"{problem}\n  (load_dataset said: {describe_exception(err)})",
                           fix=f"repair the file, or point {key}.path at another file") from err
+    if streaming:
+        return dataset
     if source.columns:
         dataset = map_columns(dataset, source.columns, key, describe_source(source))
     if format is not None:

@@ -81,16 +81,7 @@ def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Da
     if to_messages_needed(data.format) and uses_tools(raw, tools):
         check_template_renders_tools(tokenizer)
 
-    def tokenize_batch(batch: dict[str, list]) -> dict[str, list]:
-        out = {"input_ids": [], "attention_mask": [], "labels": []}
-        for i in range(len(next(iter(batch.values())))):
-            row = tokenize_example({k: v[i] for k, v in batch.items()}, tokenizer, data.format, data.max_length,
-                                   tools)
-            if any(label != IGNORE_INDEX for label in row["labels"]):
-                for name, values in row.items():
-                    out[name].append(values)
-        return out
-
+    tokenize_batch = batch_tokenizer(tokenizer, data, tools)
     with stage_errors(key, f"tokenizing (format {data.format!r})"):
         tokenized = raw.map(tokenize_batch, batched=True, remove_columns=raw.column_names, num_proc=data.num_proc,
                             new_fingerprint=tokenized_fingerprint(raw, tokenizer, data),
@@ -103,6 +94,21 @@ def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Da
         logger.warning("%s: dropped %d of %d examples with no trainable token (empty answer or cut off by "
                        "data.max_length=%d)", key, dropped, len(raw), data.max_length)
     return tokenized
+
+
+def batch_tokenizer(tokenizer, data: DataSection, tools: list[dict] | None):
+    """A batched ``map`` function: tokens and labels of each example, without those left with nothing to train."""
+    def tokenize_batch(batch: dict[str, list]) -> dict[str, list]:
+        out = {"input_ids": [], "attention_mask": [], "labels": []}
+        for i in range(len(next(iter(batch.values())))):
+            row = tokenize_example({k: v[i] for k, v in batch.items()}, tokenizer, data.format, data.max_length,
+                                   tools)
+            if any(label != IGNORE_INDEX for label in row["labels"]):
+                for name, values in row.items():
+                    out[name].append(values)
+        return out
+
+    return tokenize_batch
 
 
 def to_messages_needed(format: str) -> bool:

@@ -37,5 +37,23 @@ def check_sources(recipe: Recipe) -> None:
         missing = next(key for key, source in sources if source.weight is None)
         raise RecipeError(f"{missing}.weight", "is missing: give every source of a weighted mixture a weight",
                           fix="add weight to every source, or use epochs (passes over each source) instead")
+    if data.streaming:
+        _check_streaming(recipe)
     if data.eval is not None and (data.eval.weight is not None or data.eval.epochs is not None):
         raise RecipeError("data.eval", "weight and epochs apply to training sources", fix="remove them from data.eval")
+
+
+def _check_streaming(recipe: Recipe) -> None:
+    data = recipe.data
+    if not int(recipe.training.get("max_steps") or -1) > 0:
+        raise RecipeError("training.max_steps", "is needed with data.streaming: a stream has no length, so Trainer "
+                          "cannot tell how many steps an epoch is", fix="set training.max_steps (e.g. 1000)")
+    if data.eval_split:
+        raise RecipeError("data.eval_split", "cannot hold out a fraction of a stream",
+                          fix="set data.eval to a file or split (read whole, not streamed)")
+    if recipe.method != "sft" or data.format not in MIXABLE_FORMATS:
+        raise RecipeError("data.streaming", f"streams the formats {', '.join(MIXABLE_FORMATS)} with method 'sft'",
+                          fix="remove data.streaming")
+    for key, source in data.train_sources:
+        if source.epochs is not None:
+            raise RecipeError(f"{key}.epochs", "a stream is read once per pass", fix="use weight, or remove epochs")

@@ -108,6 +108,9 @@ class DataSection(_Section):
 
     stopping_strategy: Literal["first_exhausted", "all_exhausted", "all_exhausted_without_replacement"] = Field(
         default="first_exhausted", description="a mixture with weights: interleave_datasets' stopping_strategy")
+    streaming: bool = Field(
+        default=False, description="read data.train as an IterableDataset, tokenized and packed on the fly "
+                                   "(load_dataset's streaming; needs training.max_steps; hf_tune.data.streaming)")
 
     @property
     def train_sources(self) -> list[tuple[str, DatasetSource]]:
