@@ -1,0 +1,52 @@
+"""``training.torch_compile`` with hf_tune's packed, flattened ``sdpa_varlen`` batches: the pack length, the number of
+examples and the longest example change every step, and the compiled model must not recompile every step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from conftest import chat_recipe
+from hf_tune import build_run, load_recipe
+
+
+class GraphsPerStep(TrainerCallback):
+    """Dynamo's count of compiled graphs after each step, and each step's flattened length."""
+
+    def __init__(self):
+        self.graphs: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from torch._dynamo.utils import counters
+
+        self.graphs.append(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.slow
+def test_compiled_training_on_packs_stops_recompiling_after_the_first_steps(tmp_path, tiny_llama_dir):
+    torch._dynamo.reset()
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=10, torch_compile=True, learning_rate=1e-3)
+    raw["data"].update(batch_tokens=256, max_length=128)
+    raw["lora"] = {"r": 4, "target_modules": "all-linear", "lora_dropout": 0.0}
+    run = build_run(load_recipe(raw))
+    assert run.model.config._attn_implementation == "sdpa_varlen"
+    lengths = []
+    collate = run.trainer.data_collator
+
+    def recording(examples):
+        batch = collate(examples)
+        lengths.append((batch["input_ids"].shape[-1], len(batch["cu_seq_lens_q"]) - 1, int(batch["max_length_q"])))
+        return batch
+
+    run.trainer.data_collator = recording
+    graphs = GraphsPerStep()
+    run.trainer.add_callback(graphs)
+    run.trainer.train()
+    assert len(set(lengths[3:])) == len(lengths[3:]) > 5  # every later step has a new shape ...
+    assert graphs.graphs[3:] == [graphs.graphs[2]] * (len(graphs.graphs) - 3)  # ... and compiles nothing new
+    assert graphs.graphs[2] <= 3 * graphs.graphs[0]  # at most two recompilations: length, then example count
+    losses = [e["loss"] for e in run.trainer.state.log_history if "loss" in e]
+    assert len(losses) == 10 and all(math.isfinite(x) for x in losses)
