@@ -125,7 +125,8 @@ def check_space(space: dict[str, Any], raw: dict[str, Any], sampler: str) -> Non
     search_order(space)
 
 
-# Keys whose value shapes the weights: a PBT trial that copies another's checkpoint must keep the donor's.
+# Keys whose value shapes the weights: PBT never mutates them (a trial that copies another's checkpoint takes the
+# donor's values with its weights).
 _SHAPE_SECTIONS = ("lora", "model")
 
 
@@ -163,11 +164,12 @@ def check_search_settings(recipe) -> None:
         raise RecipeError("search.scheduler", f"{scheduler} acts on the metrics each evaluation reports",
                           fix="set training.eval_strategy: steps (and eval_steps), or search.scheduler: none")
     if scheduler == "pbt":
+        if all(key.split(".")[0] in _SHAPE_SECTIONS for key in search.space):
+            raise RecipeError("search.space", "PBT mutates training and optim keys during training; lora and model "
+                              "keys shape the weights, so they are sampled once per trial and never mutated, and "
+                              "this space has nothing else", fix="add a training or optim key (learning_rate ...), "
+                              "or use scheduler asha")
         for key, dist in search.space.items():
-            if key.split(".")[0] in _SHAPE_SECTIONS:
-                raise RecipeError(f"search.space.{key}", "PBT mutates every searched key during training and copies "
-                                  "weights between trials, and this key shapes the weights",
-                                  fix="search training or optim keys with scheduler pbt (or use asha)")
             if dist.when:
                 raise RecipeError(f"search.space.{key}.when", "PBT mutates every key at each perturbation",
                                   fix="remove the condition, or use scheduler asha")

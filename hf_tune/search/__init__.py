@@ -1,4 +1,4 @@
-"""Hyperparameter search from the recipe's ``search`` section (Optuna): ``search(recipe)`` in a notebook,
+"""Hyperparameter search from the recipe's ``search`` section (Optuna, or Ray Tune): ``search(recipe)`` in a notebook,
 ``python -m hf_tune.search RECIPE`` under any launcher, ``hf-tune search RECIPE`` from the shell.
 
 storage.py opens the study's storage, sampling.py turns the space into Optuna samplers and trial recipes,
@@ -20,7 +20,12 @@ __all__ = ["format_summary", "search"]
 
 
 def search(recipe: Recipe) -> dict:
-    """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder."""
+    """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. With
+    ``search.backend: ray`` the study runs on Ray Tune (ASHA, PBT: ``hf_tune.search.ray_backend``)."""
+    if recipe.search is not None and recipe.search.backend == "ray":
+        from hf_tune.search.ray_backend import search_with_ray
+
+        return search_with_ray(recipe)
     from hf_tune.search.trials import search as run_search
 
     return run_search(recipe)

@@ -107,6 +107,9 @@ def format_summary(result: dict) -> str:
                      f"{result['terminated']['after_trials']} trials: more were unlikely to improve on the best")
     for b in result["best"]:
         lines.append(f"\nbest: trial {b['number']} {dict(zip(result['metrics'], b['values']))} {b['params']}")
+    if result.get("exploits") is not None:
+        lines.append(f"PBT: {len(result['exploits'])} exploit(s), each mutated key per trial and step in "
+                     f"{result['study_dir']}/pbt_schedule.csv")
     lines.append(f"best recipe: {result['best_recipe']}  (python -m hf_tune.run {result['best_recipe']})")
     lines += [f"plot: {p}" for p in result["plots"]]
     return "\n".join(lines)

@@ -1,0 +1,322 @@
+"""``search.backend: ray``: the study runs on Ray Tune, whose schedulers do what Optuna does not: ASHA (asynchronous
+successive halving over many workers) and population-based training (PBT: a weak trial copies a strong trial's
+checkpoint and goes on with mutated hyperparameters).
+
+Each trial is a Ray Tune function trainable that builds the trial's recipe and trains it with hf_tune's own
+``Trainer`` (the data is tokenized once, on the driver, and shared through Ray's object store). Every evaluation is
+reported to Ray; under PBT with the complete checkpoint saved at that step (``checkpoint-N`` with its marker), so a
+trial that exploits another copies that checkpoint into its own folder and resumes from it exactly as a rerun would,
+with its mutated values applied to the optimizer it loads (``TrialHyperparameters``). The study folder gets the
+same outputs as the Optuna backend (``summarize_ray``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from hf_tune.errors import HfTuneError
+from hf_tune.recipe.schema import Distribution, Recipe, SearchSection
+from hf_tune.recipe.search_space import sample_space
+from hf_tune.search.sampling import directions_for, trial_recipe, typed
+
+logger = logging.getLogger(__name__)
+PARAM_PREFIX = "param:"  # reported with each result: the values the trial trains with at that step (PBT schedule)
+
+
+def import_ray():
+    try:
+        import ray
+        from ray import tune
+    except ImportError as err:
+        raise HfTuneError("search.backend: ray needs Ray Tune, which is not installed\n  fix: pip install "
+                          "'hf_tune[ray]'") from err
+    return ray, tune
+
+
+def ray_domain(dist: Distribution):
+    """The Ray Tune domain sampling ``dist`` (bounds inclusive, as in the Optuna backend)."""
+    _, tune = import_ray()
+    if dist.type == "categorical":
+        return tune.choice(list(dist.choices))
+    if dist.type == "int":
+        low, high = int(dist.low), int(dist.high)
+        if dist.log:
+            return tune.lograndint(low, high + 1)
+        return tune.qrandint(low, high, int(dist.step or 1))
+    if dist.log:
+        return tune.loguniform(dist.low, dist.high)
+    return tune.quniform(dist.low, dist.high, dist.step) if dist.step else tune.uniform(dist.low, dist.high)
+
+
+def trial_values(space: dict[str, Distribution], config: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The trial's recipe values from its Ray config: declared types, and only keys whose condition holds."""
+    return sample_space(space, raw, lambda key, dist: typed(dist, config[key]))
+
+
+def absolute_paths(recipe: Recipe) -> Recipe:
+    """The recipe with its local files named absolutely: Ray workers run in other folders (or on other hosts that
+    mount the same paths)."""
+    data = recipe.data.model_copy(deep=True)
+    for name in ("train", "eval"):
+        source = getattr(data, name)
+        if source is not None and os.path.exists(source.path):
+            source.path = str(Path(source.path).resolve())
+    model = recipe.model.model_copy(deep=True)
+    if os.path.isdir(model.pretrained_model_name_or_path):
+        model.pretrained_model_name_or_path = str(Path(model.pretrained_model_name_or_path).resolve())
+    if data.chat_template and os.path.isfile(data.chat_template):
+        data.chat_template = str(Path(data.chat_template).resolve())
+    return dataclasses.replace(recipe, data=data, model=model)
+
+
+# ---- in each Ray worker -------------------------------------------------------------------------------------------
+
+def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, study_dir: str) -> None:
+    """One trial (a Ray Tune function trainable): build its recipe, resume from the checkpoint Ray hands it (its
+    own, or under PBT a donor's), train, report every evaluation."""
+    from ray import tune
+
+    from hf_tune.build import build_run
+    from hf_tune.training_args import build_training_arguments
+
+    number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
+    folder = Path(study_dir) / f"trial-{number}"
+    values = trial_values(spec.space, config, base.to_dict())
+    recipe = trial_recipe(dataclasses.replace(base, training={**base.training, "output_dir": str(folder)}), values)
+    resume = adopt_checkpoint(tune.get_checkpoint(), folder)
+    run = build_run(recipe, build_training_arguments(recipe), data=data)
+    trainer = run.trainer
+    report = RayReport(spec.scheduler == "pbt", values)
+    trainer.add_callback(report)
+    if resume is not None:
+        trainer.add_callback(TrialHyperparameters(trainer))
+    trainer.train(resume_from_checkpoint=resume)
+    if report.last_step != trainer.state.global_step:  # no evaluation at the last step
+        trainer.evaluate()
+
+
+ADOPTED = "adopted_checkpoints.jsonl"  # in a trial's folder: each checkpoint Ray handed it (PBT: a donor's)
+
+
+def adopt_checkpoint(checkpoint, folder: Path) -> str | None:
+    """Copy the checkpoint Ray hands the trial into its folder as ``checkpoint-N`` (dropping any later one of the
+    trial's own history), record where it came from, and return its path to resume from; None for a fresh
+    trial."""
+    if checkpoint is None:
+        return None
+    from hf_tune.checkpoints import checkpoints
+
+    with checkpoint.as_directory() as source:
+        step = json.loads((Path(source) / "trainer_state.json").read_text())["global_step"]
+        target = folder / f"checkpoint-{step}"
+        for existing in checkpoints(folder):
+            if int(existing.name.split("-")[1]) >= step:
+                shutil.rmtree(existing)
+        shutil.copytree(source, target)
+    with (folder / ADOPTED).open("a") as record:
+        record.write(json.dumps({"step": step, "from": str(checkpoint.path)}) + "\n")
+    return str(target)
+
+
+class RayReport(TrainerCallback):
+    """Reports each evaluation's metrics to Ray Tune (the scheduler's input), with the trial's values; under PBT once
+    the evaluation's checkpoint is saved and marked complete, with that checkpoint."""
+
+    def __init__(self, with_checkpoints: bool, values: dict[str, Any]):
+        self.with_checkpoints, self.values = with_checkpoints, values
+        self.pending: dict[str, float] | None = None
+        self.last_step: int | None = None
+
+    def _result(self, state, metrics: dict[str, float]) -> dict[str, Any]:
+        params = {f"{PARAM_PREFIX}{k}": v if isinstance(v, (int, float)) else json.dumps(v)
+                  for k, v in self.values.items()}
+        return {**{k: v for k, v in metrics.items() if isinstance(v, (int, float))}, "step": state.global_step,
+                **params}
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        from ray import tune
+
+        if self.with_checkpoints and control.should_save:
+            self.pending = self._result(state, metrics or {})
+            return
+        self.last_step = state.global_step
+        tune.report(self._result(state, metrics or {}))
+
+    def on_save(self, args, state, control, **kwargs):
+        from ray import tune
+
+        if self.pending is None or not args.should_save:
+            return
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"  # hf_tune's marker is written first
+        result, self.pending, self.last_step = self.pending, None, state.global_step
+        tune.report(result, checkpoint=tune.Checkpoint.from_directory(str(checkpoint)))
+
+
+class TrialHyperparameters(TrainerCallback):
+    """After a resume, the optimizer takes this trial's values again. Loading a checkpoint restores its optimizer's
+    learning rates and weight decay, which under PBT are the donor's, not the mutated ones the trial was given: each
+    group gets the peak and decay hf_tune's groups give it for this trial, and its current rate follows the
+    schedule at this step."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        from hf_tune.optim import layerwise_param_groups, recipe_param_infos
+
+        fresh = layerwise_param_groups(model, recipe_param_infos(model, self.trainer.optim, args.learning_rate,
+                                                                 args.weight_decay))
+        groups = optimizer.param_groups
+        if len(fresh) != len(groups) or not hasattr(lr_scheduler, "lr_lambdas"):
+            logger.warning("search: the resumed optimizer keeps the checkpoint's learning rates (%d groups, %d "
+                           "expected, scheduler %s)", len(groups), len(fresh), type(lr_scheduler).__name__)
+            return
+        for index, (group, new) in enumerate(zip(groups, fresh)):
+            group["initial_lr"] = lr_scheduler.base_lrs[index] = new["lr"]
+            group["weight_decay"] = new["weight_decay"]
+            group["lr"] = new["lr"] * lr_scheduler.lr_lambdas[index](lr_scheduler.last_epoch)
+        lr_scheduler._last_lr = [group["lr"] for group in groups]
+
+
+# ---- on the driver ------------------------------------------------------------------------------------------------
+
+def search_with_ray(recipe: Recipe) -> dict:
+    """Run the study on Ray Tune (a cluster at search.ray_address / RAY_ADDRESS, or a local Ray started and stopped
+    here); write trials.csv, plots and best_recipe.yaml into the study folder."""
+    ray, tune = import_ray()
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from hf_tune.data import build_training_data
+    from hf_tune.model import build_tokenizer
+    from hf_tune.search.ray_summary import summarize_ray
+    from hf_tune.training_args import build_training_arguments
+
+    spec = recipe.search
+    study_dir = Path(spec.output_dir or recipe.training["output_dir"]).resolve()
+    study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
+    base = base_recipe_for_ray(recipe, study_dir)
+    args = build_training_arguments(base)
+    data = build_training_data(base, build_tokenizer(base), args)  # tokenized once, for every trial
+    study_dir.mkdir(parents=True, exist_ok=True)
+    metric, mode = spec.metric if isinstance(spec.metric, str) else spec.metric[0], directions_for(spec)[0][:3]
+    evaluations = evaluations_per_trial(base)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, base=base, spec=spec, data=data, study_dir=str(study_dir)),
+        resources_per_trial(spec))
+    started_here = connect(ray, spec)
+    try:
+        tuner = tune.Tuner(
+            trainable, param_space={key: ray_domain(dist) for key, dist in spec.space.items()},
+            tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=spec.n_trials,
+                                        scheduler=make_scheduler(spec, metric, mode, evaluations),
+                                        search_alg=BasicVariantGenerator(
+                                            random_state=spec.seed,
+                                            max_concurrent=spec.scheduler_kwargs.get("max_concurrent_trials", 0)),
+                                        time_budget_s=spec.timeout, reuse_actors=True),
+            run_config=tune.RunConfig(name=study_name, storage_path=str(study_dir / "ray"), verbose=0,
+                                      stop=stop_rule(base),
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=None)))
+        grid = tuner.fit()
+        return summarize_ray(grid, recipe, metric, mode, study_dir, study_name)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def base_recipe_for_ray(recipe: Recipe, study_dir: Path) -> Recipe:
+    """The recipe every trial starts from: local paths absolute, training into the study folder, and under PBT a
+    complete checkpoint at every evaluation (what a trial exploits)."""
+    training = {**recipe.training, "output_dir": str(study_dir)}
+    for key, dist in recipe.search.space.items():
+        if key.startswith("training.") and dist.type != "categorical":
+            training[key.removeprefix("training.")] = typed(dist, dist.low)
+    if (recipe.search.scheduler or "asha") == "pbt":
+        training.update(save_strategy="steps", save_steps=training.get("eval_steps") or 500)
+    return absolute_paths(dataclasses.replace(recipe, training=training, search=None))
+
+
+def stop_rule(recipe: Recipe) -> dict[str, int] | None:
+    """A trial ends at max_steps: after its last evaluation it is neither exploited nor continued."""
+    steps = recipe.training.get("max_steps", -1)
+    return {"step": steps} if steps and steps > 0 else None
+
+
+def evaluations_per_trial(recipe: Recipe) -> int:
+    """How many results a trial reports (ASHA's max_t): one per evaluation of a max_steps run."""
+    steps, every = recipe.training.get("max_steps", -1), recipe.training.get("eval_steps")
+    if steps and steps > 0 and every:
+        every = every if every >= 1 else max(int(every * steps), 1)
+        return max(int(steps // every), 1)
+    return 100
+
+
+def resources_per_trial(spec: SearchSection) -> dict[str, float]:
+    if spec.resources_per_trial:
+        return dict(spec.resources_per_trial)
+    import torch
+
+    return {"cpu": 1, **({"gpu": 1} if torch.cuda.is_available() else {})}
+
+
+def make_scheduler(spec: SearchSection, metric: str, mode: str, evaluations: int):
+    """Ray Tune's scheduler for ``search.scheduler`` (asha by default), its arguments from scheduler_kwargs."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+
+    kwargs = {k: v for k, v in spec.scheduler_kwargs.items() if k != "max_concurrent_trials"}
+    kind = spec.scheduler or "asha"
+    try:
+        if kind == "none":
+            return FIFOScheduler()
+        if kind == "asha":
+            return ASHAScheduler(**{"max_t": evaluations, "grace_period": 1, "reduction_factor": 2, **kwargs})
+        mutations = {key: list(d.choices) if d.type == "categorical" else ray_domain(d)
+                     for key, d in spec.space.items() if not shapes_weights(key)}
+        # synch: every trial reaches the perturbation before any exploits, so a trial copies a checkpoint of the step
+        # it is at (asynchronous PBT can hand it an older one, and two trials can then send each other back forever)
+        return PopulationBasedTraining(**{"time_attr": "training_iteration", "perturbation_interval": 1,
+                                          "synch": True, "hyperparam_mutations": mutations,
+                                          "custom_explore_fn": InSpace(spec.space), **kwargs})
+    except TypeError as err:
+        raise HfTuneError(f"search.scheduler_kwargs: {err}") from None
+
+
+def shapes_weights(key: str) -> bool:
+    """lora and model keys shape the weights: PBT samples them once per trial and never mutates them, and a trial
+    that exploits another takes the donor's along with its weights (Ray copies the donor's whole config)."""
+    return key.split(".")[0] in ("lora", "model")
+
+
+class InSpace:
+    """PBT's explore step keeps values inside the declared space: a perturbed value (x 1.2 or x 0.8) beyond a bound
+    is set to the bound, and an int key stays an int."""
+
+    def __init__(self, space: dict[str, Distribution]):
+        self.space = space
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+        for key, dist in self.space.items():
+            if dist.type != "categorical" and key in config and not shapes_weights(key):
+                config[key] = typed(dist, min(max(config[key], dist.low), dist.high))
+        return config
+
+
+def connect(ray, spec: SearchSection) -> bool:
+    """Join the cluster at search.ray_address or RAY_ADDRESS, or start a local Ray; True when started here (and so
+    to be stopped, or disconnected from, here). A Ray already running in this process is used as it is."""
+    if ray.is_initialized():
+        return False
+    address = spec.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return True  # ray.shutdown() then only disconnects this driver
+    ray.init(include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", "TOKENIZERS_PARALLELISM": "false"}})
+    return True
