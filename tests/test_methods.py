@@ -428,3 +428,31 @@ def test_a_reward_model_run_merges_to_a_one_score_classifier(tmp_path, tiny_llam
     result = merge(tmp_path / "run", check=True)
     merged = AutoModelForSequenceClassification.from_pretrained(result["merged_dir"])
     assert merged.config.num_labels == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_two_process_deepspeed_dpo_with_lora_trains_the_whole_adapter(tmp_path, tiny_llama_dir, stage):
+    import os
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from conftest import free_port
+    from test_checkpoints import step_losses
+
+    raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        max_steps=3, deepspeed=stage, per_device_train_batch_size=1, learning_rate=1e-2)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "HF_TUNE_CACHE": str(tmp_path / "cache"),
+           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             str(free_port()), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert step_losses(tmp_path / "run")[0][1] == pytest.approx(math.log(2), abs=1e-5)  # both ranks: the reference
+    adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    assert len(adapter) == 2 * 2 * 2  # lora_A and lora_B of q_proj and v_proj in each of the 2 blocks
+    assert all(t.numel() > 0 for t in adapter.values())
+    assert all(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)  # B starts at 0: it trained

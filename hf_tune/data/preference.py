@@ -53,21 +53,27 @@ def _load(source: DatasetSource, key: str, format: str, method: str) -> Dataset:
         raise RecipeError(key, f"{where}, {place}, column {column!r}: {problem}",
                           fix=f"data.format '{format}' reads {FORMAT_HELP[format]}")
 
-    normalize = {"preference": _preference_row, "unpaired_preference": _unpaired_row, "prompt_only": _prompt_row}[format]
+    normalize = _NORMALIZE[format]
     _check_columns(dataset.column_names, format, key, where)
-    rows = []
-    for row, example in enumerate(dataset):
+    for row, example in enumerate(dataset):  # every row checked first, so the error names the first bad one
         try:
-            rows.append(normalize(example))
+            normalize(example)
         except _BadRow as bad:
             refuse(row, bad.column, bad.problem)
-    keep = [c for c in dataset.column_names if c not in _READ[format]] if format == "prompt_only" else []
-    normalized = Dataset.from_list([{**{c: example[c] for c in keep}, **r} for example, r in zip(dataset, rows)])
+    # map keeps the data file-backed under a fingerprint every process computes alike, so TRL's tokenization and
+    # reference pass share their cache files across the ranks of a distributed launch
+    read = [c for c in _READ[format] if c in dataset.column_names]
+    normalized = dataset.map(_normalized, fn_kwargs={"format": format}, remove_columns=read,
+                             desc=f"reading {key} ({format})")
     if format == "preference" and method == "kto":
         from trl.data_utils import unpair_preference_dataset
 
         normalized = unpair_preference_dataset(normalized)
     return normalized
+
+
+def _normalized(example: dict[str, Any], format: str) -> dict[str, Any]:
+    return _NORMALIZE[format](example)
 
 
 _READ = {"preference": ("prompt", "chosen", "rejected", "conversations", "system", "instruction", "input"),
@@ -199,3 +205,6 @@ def _shared_prefix(a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
     while shared < min(len(a), len(b)) - 1 and a[shared] == b[shared]:
         shared += 1
     return shared
+
+
+_NORMALIZE = {"preference": _preference_row, "unpaired_preference": _unpaired_row, "prompt_only": _prompt_row}
