@@ -8,10 +8,12 @@ import importlib.util
 from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.data_checks import check_sources
+from hf_tune.methods import method_of
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.search_space import check_search_settings
+from hf_tune.rewards import reward_spec
 from hf_tune.tasks import task_of
 
 
@@ -22,7 +24,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     if evaluating and data.eval is None and data.eval_split is None:
         raise RecipeError("training.eval_strategy", f"is {training['eval_strategy']!r} but the recipe has no eval data",
                           fix="set data.eval (a file) or data.eval_split (e.g. 0.05), or training.eval_strategy: 'no'")
-    if data.format not in task.formats:
+    if not method_of(recipe.method).uses_trl and data.format not in task.formats:
         raise RecipeError("data.format", f"format {data.format!r} does not fit model.task {recipe.model.task!r}",
                           fix="use data.format: classification with model.task: sequence_classification, "
                           "and a text format (chat, instruction, prompt_completion, text) with causal_lm")
@@ -41,6 +43,37 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     if recipe.optim.loraplus_lr_ratio is not None and recipe.lora is None:
         raise RecipeError("optim.loraplus_lr_ratio", "scales the LR of LoRA B matrices, and the recipe has no lora "
                           "section", fix="add a lora section, or remove optim.loraplus_lr_ratio")
+
+
+# data keys of hf_tune's own SFT tokenization and batching; TRL's trainers tokenize and batch themselves
+_SFT_DATA_KEYS = {"max_length": "set training.max_length (the method's config has its own)",
+                  "batch_tokens": "remove it: TRL's trainers batch by example",
+                  "padding_free": "set training.padding_free where the method's config has it, or remove it"}
+
+
+def check_method(recipe: Recipe, raw: dict) -> None:
+    """The method, its model head, its data format and its rewards agree (``raw``: the recipe as written, to tell a
+    key the recipe sets from a default)."""
+    method = method_of(recipe.method)
+    given = f"method {method.name!r}"
+    if recipe.model.task not in method.tasks:
+        raise RecipeError("model.task", f"is {recipe.model.task!r}, but {given} trains a {' or '.join(method.tasks)} "
+                          "model", fix="remove model.task (it follows the method), or choose another method")
+    if recipe.data.format not in method.formats:
+        raise RecipeError("data.format", f"{recipe.data.format!r} is not read by {given}",
+                          fix=f"use data.format: {' or '.join(method.formats)} (docs/methods.md shows each layout)")
+    if method.uses_trl:
+        for key, fix in _SFT_DATA_KEYS.items():
+            if key in (raw.get("data") or {}):
+                raise RecipeError(f"data.{key}", f"applies to method 'sft'; {given} runs TRL's trainer", fix=fix)
+    if method.generates and not recipe.rewards:
+        raise RecipeError("rewards", f"{given} needs at least one reward function",
+                          fix="e.g. rewards: [{name: exact_answer, column: answer}]")
+    if recipe.rewards and not method.generates:
+        raise RecipeError("rewards", f"only method 'grpo' uses reward functions; {given} does not",
+                          fix="remove rewards, or set method: grpo")
+    for index, entry in enumerate(recipe.rewards):
+        reward_spec(entry, index)
 
 
 def _check_batching(recipe: Recipe, causal: bool) -> None:

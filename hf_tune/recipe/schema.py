@@ -1,10 +1,15 @@
 """The schema of a recipe: our own sections as pydantic models, upstream sections checked against upstream types.
 
+Two top-level keys besides the sections: ``method`` (sft | dpo | kto | reward | grpo, hf_tune.methods), which picks
+the trainer and the upstream config class ``training`` is checked against; and ``rewards`` (method grpo): the reward
+functions, each a shipped name, a ``module:function`` path, or ``{name: ..., <its keyword arguments>}``
+(hf_tune.rewards).
+
 Sections:
   model     -> ``from_pretrained`` arguments plus ``task``                      (ours: ModelSection)
   lora      -> ``peft.LoraConfig`` keyword arguments, verbatim; absent = full fine-tune
   data      -> ``datasets.load_dataset`` arguments plus format / rendering keys   (ours: DataSection)
-  training  -> ``transformers.TrainingArguments`` keyword arguments, verbatim
+  training  -> ``transformers.TrainingArguments`` keyword arguments, verbatim (or the method's TRL config class)
   optim     -> parameter groups (decay / no decay, layer-wise LR decay) and the schedule floor (ours: OptimSection)
   evaluation-> metrics and early stopping                                      (ours: EvaluationSection)
   hub       -> model-card metadata                                             (ours: HubSection)
@@ -34,7 +39,8 @@ class ModelSection(_Section):
     pretrained_model_name_or_path: str = Field(
         description="Hub id, local folder, or an embedded model: embedded:SmolLM2-135M-Instruct, embedded:all-MiniLM-L6-v2"
     )
-    task: Literal["causal_lm", "sequence_classification"] = "causal_lm"
+    task: Literal["causal_lm", "sequence_classification", "reward_model"] = Field(
+        default="causal_lm", description="the model head; default: the method's (reward_model for method: reward)")
     revision: str | None = None
     gguf_file: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
@@ -90,7 +96,11 @@ class DataSection(_Section):
                     "epochs (hf_tune.data.mixture)")
     eval: DatasetSource | None = None
     eval_split: float | None = Field(default=None, gt=0, lt=1, description="fraction of train held out for eval")
-    format: Literal["chat", "instruction", "prompt_completion", "text", "classification"] = "chat"
+    format: Literal["chat", "instruction", "prompt_completion", "text", "classification", "preference",
+                    "unpaired_preference", "prompt_only"] = Field(
+        default="chat", description="how the examples read; default: chat, or the method's (preference for dpo and "
+                                    "reward, unpaired_preference for kto, prompt_only for grpo)")
+
     max_length: PositiveInt = 1024
     chat_template: str | None = Field(
         default=None, description="Jinja template text or a path to a .jinja file; default: the tokenizer's own"
@@ -174,6 +184,9 @@ class Distribution(_Section):
     log: bool = False
     step: float | None = None
     choices: list[Any] | None = None
+    when: dict[str, Any] | None = Field(
+        default=None, description="search this key only in trials where these keys (searched, or set in the recipe) "
+                                  "have these values; a list: one of those values (hf_tune.recipe.search_space)")
 
     @property
     def first_value(self) -> Any:
@@ -206,11 +219,23 @@ class SearchSection(_Section):
         default=None, description="default: minimize losses and parameter counts, maximize other metrics")
     n_trials: PositiveInt = 10
     timeout: PositiveFloat | None = Field(default=None, description="seconds; no new trial starts after it")
-    sampler: Literal["tpe", "random", "cmaes", "nsga2", "grid"] = "tpe"
+    sampler: Literal["tpe", "random", "cmaes", "nsga2", "grid", "gp"] = "tpe"
     sampler_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna sampler class, "
                                            "e.g. n_startup_trials for tpe (Optuna's default: 10 random trials first)")
     pruner: Literal["median", "hyperband", "none"] = "median"
     pruner_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna pruner class")
+    terminator: Literal["none", "stagnation", "regret_bound", "emmr"] = Field(
+        default="none", description="stop the study once more trials are unlikely to beat the best (Optuna's Terminator)")
+    terminator_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                              description="e.g. max_stagnation_trials, min_n_trials")
+    backend: Literal["optuna", "ray"] = Field(default="optuna", description="optuna, or ray (Ray Tune: ASHA, PBT)")
+    scheduler: Literal["asha", "pbt", "none"] | None = Field(
+        default=None, description="backend ray: the trial scheduler (default asha)")
+    scheduler_kwargs: dict[str, Any] = Field(default_factory=dict, description="backend ray: the scheduler's arguments")
+    resources_per_trial: dict[str, float] = Field(default_factory=dict,
+                                                  description="backend ray: e.g. {cpu: 2, gpu: 1} per trial")
+    ray_address: str | None = Field(default=None, description="backend ray: a cluster to join (default: RAY_ADDRESS, "
+                                                              "else a local Ray started for the study)")
     seed: int = 42
     storage: str | None = Field(default=None, description="Optuna storage URL or a .log journal file; default: "
                                                           "sqlite in the study folder")
@@ -230,7 +255,7 @@ class ProfileSection(_Section):
     profile_memory: bool = Field(default=False, description="tensor allocations")
 
 
-SECTIONS = ("model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile")
+SECTIONS = ("method", "rewards", "model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile")
 
 
 @dataclasses.dataclass
@@ -247,6 +272,8 @@ class Recipe:
     search: SearchSection | None = None
     tracking: TrackingSection = dataclasses.field(default_factory=TrackingSection)
     profile: ProfileSection | None = None
+    method: str = "sft"
+    rewards: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
     source: Path | None = None
 
     @property
@@ -256,6 +283,8 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``hf-tune validate`` prints and each run folder keeps)."""
         resolved = {
+            "method": self.method,
+            "rewards": copy.deepcopy(self.rewards) or None,
             "model": self.model.model_dump(exclude_none=True),
             "lora": copy.deepcopy(self.lora),
             "data": self.data.model_dump(exclude_none=True),
