@@ -184,3 +184,37 @@ def test_a_three_source_mixture_trains_and_its_manifest_says_what_each_gave(tmp_
     packed = Counter(owner[tuple(ids)] for pack in trainer.train_dataset["input_ids"] for ids in pack)
     assert gave == [packed[i] for i in range(3)] and sum(gave) > 0 and 0 not in gave
     assert manifest["datasets"]["train[1]"]["format"] == "instruction"
+
+
+@pytest.fixture
+def dataset_hub(monkeypatch, tmp_path):
+    """A Hub dataset with two revisions: 'v1.0' holds other chats than 'main'; its column is 'conversation'."""
+    import datasets
+    import huggingface_hub.constants as constants
+    from fake_dataset_hub import DatasetHub
+
+    def chats(tag: str) -> bytes:
+        return "".join(json.dumps({"conversation": [{"role": "user", "content": f"{tag} question {i}"},
+                                                    {"role": "assistant", "content": f"{tag} answer {i}"}]}) + "\n"
+                       for i in range(40)).encode()
+
+    repos = {"someorg/chats": {"main": ("b" * 40, {"data/train.jsonl": chats("main")}),
+                               "v1.0": ("a" * 40, {"data/train.jsonl": chats("v1")})}}
+    with DatasetHub(repos) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", hub.url)
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets_cache"))
+        yield hub
+
+
+def test_a_hub_dataset_at_a_revision_with_a_split_slice_and_mapped_columns(tmp_path, tiny_llama_dir, smol_tokenizer,
+                                                                          dataset_hub):
+    from hf_tune.data import build_datasets
+
+    source = {"path": "someorg/chats", "revision": "v1.0", "split": "train[:10%]",
+              "columns": {"messages": "conversation"}}
+    train, _ = build_datasets(load(recipe_with(tiny_llama_dir, tmp_path, {"train": source})), smol_tokenizer)
+    answers = [smol_tokenizer.decode([t for t in labels if t != -100]) for labels in train["labels"]]
+    assert answers == [f"v1 answer {i}<|im_end|>" for i in range(4)]  # the tag's rows, the first 10 %
+    assert any("/resolve/v1.0/" in path for _, path in dataset_hub.requests)
