@@ -163,3 +163,16 @@ def test_ray_settings_need_the_ray_backend(tmp_path, tiny_llama_dir):
     raw["search"]["backend"] = "optuna"
     with pytest.raises(HfTuneError, match="search.scheduler: applies to search.backend: ray"):
         load_recipe(raw)
+
+
+def test_ray_grid_takes_categorical_keys_and_gives_each_combination_once(tmp_path, tiny_llama_dir):
+    from hf_tune.search.ray_backend import param_space
+
+    raw = ray_recipe(tiny_llama_dir, tmp_path / "s", {"space": {
+        "training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2}}, "sampler": "grid"})
+    with pytest.raises(HfTuneError, match="search.sampler: grid on backend ray takes categorical keys"):
+        load_recipe(raw)
+    raw["search"]["space"] = {"training.learning_rate": {"type": "categorical", "choices": [1e-3, 1e-2]},
+                              "lora.target_modules": {"type": "categorical", "choices": [["q_proj"], "all-linear"]}}
+    space = param_space(load_recipe(raw).search)
+    assert space["lora.target_modules"] == {"grid_search": [["q_proj"], "all-linear"]}

@@ -154,10 +154,13 @@ def check_search_settings(recipe) -> None:
         raise RecipeError("search.backend", "ray needs Ray Tune, which is not installed", fix="pip install 'hf_tune[ray]'")
     if multi:
         raise RecipeError("search.metric", "backend ray searches one metric", fix="use backend optuna for several")
-    if search.sampler not in ("tpe", "random") or search.terminator != "none":
-        key = "sampler" if search.sampler not in ("tpe", "random") else "terminator"
-        raise RecipeError(f"search.{key}", "applies to backend optuna; backend ray samples the space at random and "
-                          "lets its scheduler stop or exploit trials", fix=f"remove search.{key}")
+    if search.sampler not in ("tpe", "random", "grid") or search.terminator != "none":
+        key = "sampler" if search.sampler not in ("tpe", "random", "grid") else "terminator"
+        raise RecipeError(f"search.{key}", "applies to backend optuna; backend ray samples the space at random (or "
+                          "its grid) and lets its scheduler stop or exploit trials", fix=f"remove search.{key}")
+    if search.sampler == "grid" and any(d.type != "categorical" for d in search.space.values()):
+        raise RecipeError("search.sampler", "grid on backend ray takes categorical keys",
+                          fix="list the values as choices")
     scheduler = search.scheduler or "asha"
     evaluating = str(recipe.training.get("eval_strategy", "no")) != "no"
     if scheduler != "none" and not evaluating:

@@ -24,11 +24,10 @@ from transformers import TrainerCallback
 
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import Distribution, Recipe, SearchSection
-from hf_tune.recipe.search_space import sample_space
+from hf_tune.search.ray_summary import PARAM_PREFIX, summarize_ray, trial_values
 from hf_tune.search.sampling import directions_for, trial_recipe, typed
 
 logger = logging.getLogger(__name__)
-PARAM_PREFIX = "param:"  # reported with each result: the values the trial trains with at that step (PBT schedule)
 
 
 def import_ray():
@@ -54,11 +53,6 @@ def ray_domain(dist: Distribution):
     if dist.log:
         return tune.loguniform(dist.low, dist.high)
     return tune.quniform(dist.low, dist.high, dist.step) if dist.step else tune.uniform(dist.low, dist.high)
-
-
-def trial_values(space: dict[str, Distribution], config: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
-    """The trial's recipe values from its Ray config: declared types, and only keys whose condition holds."""
-    return sample_space(space, raw, lambda key, dist: typed(dist, config[key]))
 
 
 def absolute_paths(recipe: Recipe) -> Recipe:
@@ -196,7 +190,6 @@ def search_with_ray(recipe: Recipe) -> dict:
 
     from hf_tune.data import build_training_data
     from hf_tune.model import build_tokenizer
-    from hf_tune.search.ray_summary import summarize_ray
     from hf_tune.training_args import build_training_arguments
 
     spec = recipe.search
@@ -214,8 +207,9 @@ def search_with_ray(recipe: Recipe) -> dict:
     started_here = connect(ray, spec)
     try:
         tuner = tune.Tuner(
-            trainable, param_space={key: ray_domain(dist) for key, dist in spec.space.items()},
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=spec.n_trials,
+            trainable, param_space=param_space(spec),
+            tune_config=tune.TuneConfig(metric=metric, mode=mode,
+                                        num_samples=1 if spec.sampler == "grid" else spec.n_trials,
                                         scheduler=make_scheduler(spec, metric, mode, evaluations),
                                         search_alg=BasicVariantGenerator(
                                             random_state=spec.seed,
@@ -229,6 +223,14 @@ def search_with_ray(recipe: Recipe) -> dict:
     finally:
         if started_here:
             ray.shutdown()
+
+
+def param_space(spec: SearchSection) -> dict[str, Any]:
+    """Ray's space: a domain per key, or with sampler grid every combination of the categorical choices once."""
+    _, tune = import_ray()
+    if spec.sampler == "grid":
+        return {key: tune.grid_search(list(dist.choices)) for key, dist in spec.space.items()}
+    return {key: ray_domain(dist) for key, dist in spec.space.items()}
 
 
 def base_recipe_for_ray(recipe: Recipe, study_dir: Path) -> Recipe:

@@ -14,13 +14,19 @@ import yaml
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.recipe.schema import Recipe
+from hf_tune.recipe.schema import Distribution, Recipe
+from hf_tune.recipe.search_space import sample_space
 from hf_tune.redaction import redact_secrets
-from hf_tune.search.ray_backend import PARAM_PREFIX, trial_values
-from hf_tune.search.sampling import trial_recipe
+from hf_tune.search.sampling import trial_recipe, typed
 
 logger = logging.getLogger(__name__)
+PARAM_PREFIX = "param:"  # reported with each result: the values the trial trains with at that step (PBT schedule)
 PBT_SCHEDULE_CSV, PBT_SCHEDULE_PNG, LEARNING_CURVES_PNG = "pbt_schedule.csv", "pbt_schedule.png", "learning_curves.png"
+
+
+def trial_values(space: dict[str, Distribution], config: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The trial's recipe values from its Ray config: declared types, and only keys whose condition holds."""
+    return sample_space(space, raw, lambda key, dist: typed(dist, config[key]))
 
 
 def trial_number(trial_id: str) -> int:
