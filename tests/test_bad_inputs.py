@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hf_tune.errors import RecipeError
+from hf_tune.methods import METHODS
 from hf_tune.recipe.schema import SECTIONS
 from hf_tune.run import main
 
@@ -85,6 +86,13 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "search_low_above_high": "search.space.training.learning_rate",
     "tracking_unknown_key": "tracking.projet",
     "tracking_tags_not_list": "tracking.tags",
+    "method_unknown": "method",
+    "dpo_data_max_length": "data.max_length",
+    "grpo_without_rewards": "rewards",
+    "preference_chosen_equals_rejected": "data.train",
+    "preference_missing_rejected": "data.train",
+    "kto_label_not_boolean": "data.train",
+    "profile_unknown_key": "profile.activ",
 }
 
 EXPECTED_TEXT = {  # what the message says besides the key: where in the file, and what was expected
@@ -125,6 +133,11 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
     "data_template_binary": ["reading the chat template failed: UnicodeDecodeError:"],
     "data_template_syntax": ["reading the chat template failed: TemplateSyntaxError:"],
     "training_report_to_unknown": ["unknown tracker 'weights_and_biases'"],
+    "method_unknown": ["unknown method 'dpoo'", "did you mean 'dpo'?"],
+    "preference_chosen_equals_rejected": ["data/preference_same.jsonl, line 2 (example 2 of 2), column 'rejected': "
+                                          "equals 'chosen'"],
+    "preference_missing_rejected": ["missing ['rejected']"],
+    "kto_label_not_boolean": ["line 2 (example 2 of 2), column 'label': expected true (desirable) or false, got 'bad'"],
 }
 
 CLI_CASES = ["lora_r_zero", "chat_broken_line", "training_optim_unknown"]  # also run as `python -m hf_tune.run`
@@ -178,10 +191,12 @@ def test_the_corpus_covers_every_section_and_every_data_format():
     cases = {path.stem for path in CORPUS.glob("*.yaml")}
     assert cases == set(EXPECTED_KEY) and len(cases) >= 40
     assert {key.split(".")[0] for key in EXPECTED_KEY.values()} == set(SECTIONS)
-    data_cases = [yaml.safe_load((CORPUS / f"{c}.yaml").read_text())["data"] for c, key in EXPECTED_KEY.items()
-                  if key in ("data.train", "data.eval")]
-    formats = {d["format"] for d in data_cases}
-    assert formats == {"chat", "instruction", "prompt_completion", "text", "classification"}
+    recipes = [yaml.safe_load((CORPUS / f"{c}.yaml").read_text()) for c, key in EXPECTED_KEY.items()
+               if key in ("data.train", "data.eval")]
+    data_cases = [r["data"] for r in recipes]
+    formats = {r["data"].get("format") or METHODS[r.get("method", "sft")].formats[0] for r in recipes}
+    assert formats == {"chat", "instruction", "prompt_completion", "text", "classification", "preference",
+                       "unpaired_preference"}
     sharegpt = [d for d in data_cases if "sharegpt" in d["train"]["path"]]
     assert sharegpt  # chat data in both shapes: messages and ShareGPT conversations
 
