@@ -72,6 +72,8 @@ class HfTuneMixin:
 
     @override
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training and "completion_ids" in inputs and "input_ids" not in inputs:
+            self.throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if model.training:  # a training step: checked before backward (DeepSpeed steps its optimizer inside it)
             self._stop_if_not_finite(result[0] if return_outputs else result)
@@ -136,6 +138,15 @@ class HfTuneMixin:
         if "eval_loss" in logs and self.perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
+
+
+def generated_batch(inputs: Mapping) -> dict[str, torch.Tensor]:
+    """A GRPO batch (prompt and sampled completion ids with their masks) as the sequences the model runs, with the
+    completion tokens as the trained ones, for the throughput counts."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    trained = torch.cat([torch.zeros_like(inputs["prompt_mask"]), inputs["completion_mask"]], dim=1)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(trained == 0, -100)}
 
 
 class HfTuneTrainer(HfTuneMixin, Trainer):

@@ -456,3 +456,24 @@ def test_two_process_deepspeed_dpo_with_lora_trains_the_whole_adapter(tmp_path, 
     assert len(adapter) == 2 * 2 * 2  # lora_A and lora_B of q_proj and v_proj in each of the 2 blocks
     assert all(t.numel() > 0 for t in adapter.values())
     assert all(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)  # B starts at 0: it trained
+
+
+def test_grpo_throughput_counts_prompt_and_sampled_tokens(tmp_path, tiny_llama_dir):
+    prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(4)])
+    raw = method_recipe("grpo", tiny_llama_dir, prompts, tmp_path / "run", per_device_train_batch_size=4,
+                        num_generations=2, max_completion_length=3, max_steps=1, beta=0.0)
+    raw["rewards"] = ["exact_answer"]
+    trainer = build_run(load_recipe(raw)).trainer
+    seen = []
+    real = trainer.compute_loss
+
+    def recording(model, inputs, *args, **kwargs):  # the batch as GRPO prepared it, counted here independently
+        seen.append((int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()),
+                     int(inputs["completion_mask"].sum())))
+        return real(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recording
+    trainer.train()
+    totals = trainer.throughput.total
+    assert totals["tokens"] == sum(t for t, _ in seen) and totals["examples"] == 4
+    assert totals["trained_tokens"] == sum(c for _, c in seen)  # every sampled token is one the loss trains

@@ -66,6 +66,10 @@ def check_method(recipe: Recipe, raw: dict) -> None:
         for key, fix in _SFT_DATA_KEYS.items():
             if key in (raw.get("data") or {}):
                 raise RecipeError(f"data.{key}", f"applies to method 'sft'; {given} runs TRL's trainer", fix=fix)
+    if method.uses_trl and recipe.search is not None and recipe.search.backend == "optuna":
+        raise RecipeError("search.backend", f"the Optuna backend builds one model per trial through Trainer's "
+                          f"model_init, which TRL's trainers do not take; {given} is searched with one trainer per "
+                          "trial", fix="set search.backend: ray")
     if method.generates and not recipe.rewards:
         raise RecipeError("rewards", f"{given} needs at least one reward function",
                           fix="e.g. rewards: [{name: exact_answer, column: answer}]")
