@@ -110,7 +110,7 @@ def _merge_quantized(run_dir: Path, task: Task, quantization: dict, samples, che
     reference is the quantized base + adapter as trained; the merge dequantizes a second copy of the base to float32
     first and merges the adapter into those plain weights (PEFT's merge into a 4-bit layer would re-quantize the
     sum). A 4-bit layer computes in bnb_4bit_compute_dtype; an 8-bit one quantizes its inputs to int8 as well
-    (LLM.int8), held to the bfloat16 tolerance (measured on a tiny Llama: 5.4e-3)."""
+    (LLM.int8), held to the bfloat16 tolerance (benchmarks/RESULTS.md)."""
     import torch
     from peft import PeftConfig, PeftModel
 

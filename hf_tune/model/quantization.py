@@ -4,7 +4,7 @@ memory its weights take, and dequantizing it for a merge.
 One thing hf_tune changes: on a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit layer's weights into a bfloat16
 layout the first time it runs in inference mode (an evaluation), and from then on computes that layer in bfloat16,
 training steps included, whatever ``bnb_4bit_compute_dtype`` says; transformers' ``dequantize`` then reads the
-repacked weights wrongly (measured: logits off by 50 where the largest is 33). ``keep_weight_layout`` turns the
+repacked weights wrongly (benchmarks/RESULTS.md). ``keep_weight_layout`` turns the
 repacking off, so the layer computes in the compute dtype the recipe asked for and stays readable.
 """
 
