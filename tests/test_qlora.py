@@ -248,9 +248,10 @@ def test_model_flops_of_a_4bit_base_count_the_unpacked_weights(tiny_llama_dir):
 def test_the_qlora_recipe_trains_smollm2_offline(tmp_path):
     out, chats = tmp_path / "run", tmp_path / "chats.jsonl"
     chats.write_text("".join((REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines(True)[:24]))
-    result = run_cli("python", "-m", "hf_tune.run", str(REPO / "recipes" / "llm_qlora.yaml"), "training.max_steps=2",
+    result = run_cli("python", "-m", "hf_tune.run", str(REPO / "recipes" / "llm_qlora.yaml"), "training.max_steps=1",
                      "training.eval_strategy=no", "training.save_strategy=no", f"training.output_dir={out}",
-                     f"data.train.path={chats}", "data.eval_split=0.125", "data.batch_tokens=512")
+                     f"data.train.path={chats}", "data.eval_split=0.125", "data.batch_tokens=256",
+                     "data.max_length=256", "training.per_device_eval_batch_size=3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "QLoRA: 4-bit nf4, double quantization, compute float32 base prepared" in result.stderr
     adapter = json.loads((out / "adapter_config.json").read_text())
