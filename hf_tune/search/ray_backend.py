@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import Distribution, Recipe, SearchSection
-from hf_tune.search.ray_summary import PARAM_PREFIX, summarize_ray, trial_values
+from hf_tune.search.ray_summary import PARAM_PREFIX, REPORTS, summarize_ray, trial_values
 from hf_tune.search.sampling import directions_for, trial_recipe, typed
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     values = trial_values(spec.space, config, base.to_dict())
     recipe = trial_recipe(dataclasses.replace(base, training={**base.training, "output_dir": str(folder)}), values)
     resume = adopt_checkpoint(tune.get_checkpoint(), folder)
+    if resume is None:  # a fresh trial: no report of an earlier study in this folder
+        (folder / REPORTS).unlink(missing_ok=True)
     run = build_run(recipe, build_training_arguments(recipe), data=data)
     trainer = run.trainer
     report = RayReport(spec.scheduler == "pbt", values)
@@ -135,6 +137,13 @@ class RayReport(TrainerCallback):
         return {**{k: v for k, v in metrics.items() if isinstance(v, (int, float))}, "step": state.global_step,
                 **params}
 
+    @staticmethod
+    def _record(args, result: dict[str, Any]) -> None:
+        """The trial's own record of each report (its folder's reports.jsonl): Ray may drop the results before a
+        restore from its history; this keeps them, for the learning curves and PBT's schedule."""
+        with (Path(args.output_dir) / REPORTS).open("a") as record:
+            record.write(json.dumps(result) + "\n")
+
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         from ray import tune
 
@@ -142,7 +151,9 @@ class RayReport(TrainerCallback):
             self.pending = self._result(state, metrics or {})
             return
         self.last_step = state.global_step
-        tune.report(self._result(state, metrics or {}))
+        result = self._result(state, metrics or {})
+        self._record(args, result)
+        tune.report(result)
 
     def on_save(self, args, state, control, **kwargs):
         from ray import tune
@@ -151,6 +162,7 @@ class RayReport(TrainerCallback):
             return
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"  # hf_tune's marker is written first
         result, self.pending, self.last_step = self.pending, None, state.global_step
+        self._record(args, result)
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(str(checkpoint)))
 
 

@@ -21,6 +21,7 @@ from hf_tune.search.sampling import trial_recipe, typed
 
 logger = logging.getLogger(__name__)
 PARAM_PREFIX = "param:"  # reported with each result: the values the trial trains with at that step (PBT schedule)
+REPORTS = "reports.jsonl"  # in a trial's folder: every result it reported, in order (exploits included)
 PBT_SCHEDULE_CSV, PBT_SCHEDULE_PNG, LEARNING_CURVES_PNG = "pbt_schedule.csv", "pbt_schedule.png", "learning_curves.png"
 
 
@@ -41,8 +42,7 @@ def summarize_ray(grid, recipe: Recipe, metric: str, mode: str, study_dir: Path,
     trials, histories = [], {}
     for result in grid:
         number = trial_number(result.metrics.get("trial_id") or Path(result.path).name)
-        history = result.metrics_dataframe
-        histories[number] = history
+        histories[number] = read_reports(study_dir / f"trial-{number}")
         last = result.metrics.get(metric)
         error = f"{type(result.error).__name__}: {str(result.error)[:500]}" if result.error else None
         finished = max_steps is None or max_steps <= 0 or result.metrics.get("step") == max_steps
@@ -91,6 +91,15 @@ def write_trials_csv(trials: list[dict], study_dir: Path) -> None:
              **{f"params_{k}": json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in t["params"].items()},
              "error": t["error"]} for t in trials]
     pd.DataFrame(rows).to_csv(study_dir / run_folder.TRIALS_CSV, index=False)
+
+
+def read_reports(folder: Path):
+    """A trial's reports (``reports.jsonl``) as a table, or None when it reported nothing."""
+    import pandas as pd
+
+    path = folder / REPORTS
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return pd.DataFrame(rows) if rows else None
 
 
 def read_exploits(experiment: Path) -> list[dict]:
@@ -142,7 +151,7 @@ def write_pbt_schedule(histories: dict, keys: list[str], study_dir: Path) -> str
     for number, history in sorted(histories.items()):
         if history is None:
             continue
-        for _, row in history.iterrows():
+        for _, row in history.iterrows():  # in the order the trial reported (a step repeats after an exploit)
             rows.append({"trial": number, "step": row["step"],
                          **{k: row.get(f"{PARAM_PREFIX}{k}") for k in keys}})
     table = pd.DataFrame(rows)
