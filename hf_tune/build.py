@@ -27,6 +27,13 @@ from hf_tune.trainer import HfTuneTrainer, build_trainer
 from hf_tune.training_args import build_training_arguments
 
 
+def build_data(recipe: Recipe, tokenizer, args: TrainingArguments) -> TrainingData:
+    """The run's data as its method reads it: tokenized (and packed) for sft, TRL's layouts for the others."""
+    if method_of(recipe.method).uses_trl:
+        return build_method_data(recipe, args)
+    return build_training_data(recipe, tokenizer, args)
+
+
 def build_method_data(recipe: Recipe, args: TrainingArguments) -> TrainingData:
     """A TRL method's examples in TRL's layout (its trainer tokenizes them), checked row by row."""
     with args.main_process_first(desc="reading datasets"):
@@ -67,7 +74,7 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
     tokenizer = build_tokenizer(recipe)
     method = method_of(recipe.method)
     if data is None:
-        data = build_method_data(recipe, args) if method.uses_trl else build_training_data(recipe, tokenizer, args)
+        data = build_data(recipe, tokenizer, args)
     run = Run(recipe, args, tokenizer, data, model=None)
     extra = {}
     if trial_hooks is None:

@@ -22,6 +22,7 @@ class Method:
     tasks: tuple[str, ...]  # the model.task values it trains (hf_tune.tasks); the first is the default
     formats: tuple[str, ...]  # data.format values it reads; the first is the default
     summary: str  # one line for the README's method table, `plan` and the model card
+    eval_metrics: tuple[str, ...] = ()  # what its evaluation reports (a search can optimise them); sft: the task's
     reference: bool = False  # compares against a frozen reference model (the base with the adapter disabled)
     generates: bool = False  # samples completions while training (GRPO)
 
@@ -43,14 +44,17 @@ METHODS = {
                   ("chat", "instruction", "prompt_completion", "text", "classification"),
                   "supervised fine-tuning (or classification): next-token loss on the trained tokens"),
     "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",), ("preference",),
-                  "direct preference optimization on chosen / rejected pairs", reference=True),
+                  "direct preference optimization on chosen / rejected pairs", reference=True,
+                  eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins")),
     "kto": Method("kto", "trl:KTOConfig", "trl:KTOTrainer", ("causal_lm",), ("unpaired_preference", "preference"),
-                  "Kahneman-Tversky optimization on completions labelled desirable or not", reference=True),
+                  "Kahneman-Tversky optimization on completions labelled desirable or not", reference=True,
+                  eval_metrics=("eval_loss",)),
     "reward": Method("reward", "trl:RewardConfig", "trl:RewardTrainer", ("reward_model",), ("preference",),
-                     "a reward model: one score per sequence, trained with the pairwise loss on chosen / rejected"),
+                     "a reward model: one score per sequence, trained with the pairwise loss on chosen / rejected",
+                     eval_metrics=("eval_loss", "eval_accuracy", "eval_margin")),
     "grpo": Method("grpo", "trl:GRPOConfig", "trl:GRPOTrainer", ("causal_lm",), ("prompt_only",),
                    "group relative policy optimization: sampled completions scored by reward functions",
-                   generates=True),
+                   generates=True, eval_metrics=("eval_loss", "eval_reward")),
 }
 
 

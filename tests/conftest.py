@@ -48,6 +48,19 @@ def tiny_llama_dir(tmp_path_factory, smol_tokenizer) -> str:
     return str(folder)
 
 
+def nan_model(model_dir: str, folder: Path) -> str:
+    """A copy of a causal LM folder with one NaN planted in its final norm: every loss it computes is NaN."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(folder)
+    return str(folder)
+
+
 def chat_recipe(model: str, output_dir: Path, **training) -> dict:
     """A small chat recipe as a dict: a few short demo chats, short sequences, no eval unless asked."""
     return {

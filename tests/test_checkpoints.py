@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, chat_recipe, free_port
+from conftest import REPO, chat_recipe, free_port, nan_model
 from hf_tune import load_recipe, train
 from hf_tune.checkpoints import MARKER, is_complete
 from hf_tune.errors import HfTuneError, RecipeError
@@ -146,16 +146,9 @@ def test_same_seed_same_losses_other_seed_other_losses(tmp_path, tiny_llama_dir)
 
 
 def test_a_planted_nan_stops_the_run_with_the_step_and_last_checkpoint(tmp_path, tiny_llama_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    broken = tmp_path / "nan-model"
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-    with torch.no_grad():
-        model.model.norm.weight[0] = float("nan")
-    model.save_pretrained(broken)
-    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(broken)
+    broken = nan_model(tiny_llama_dir, tmp_path / "nan-model")
     with pytest.raises(HfTuneError, match=r"(?s)loss at step 1 is nan.*last good checkpoint: none yet"):
-        train(load_recipe(chat_recipe(str(broken), tmp_path / "run")))
+        train(load_recipe(chat_recipe(broken, tmp_path / "run")))
 
 
 def test_resume_modes(tmp_path, tiny_llama_dir):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from conftest import DATA, REPO
+from conftest import DATA, REPO, nan_model
 from hf_tune import load_recipe, train
 from hf_tune.build import build_run
 from hf_tune.errors import HfTuneError, RecipeError
@@ -251,16 +250,9 @@ def test_dpo_optimizer_has_hf_tunes_groups_with_the_lr_of_their_depth(tmp_path, 
 
 
 def test_dpo_nan_guard_stops_before_the_step(tmp_path, tiny_llama_dir, monkeypatch):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
-    broken = tmp_path / "nan-model"
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-    with torch.no_grad():
-        model.model.norm.weight[0] = float("nan")
-    model.save_pretrained(broken)
-    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(broken)
-    raw = method_recipe("dpo", str(broken), conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
+    broken = nan_model(tiny_llama_dir, tmp_path / "nan-model")
+    raw = method_recipe("dpo", broken, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
     raw["training"]["precompute_ref_log_probs"] = False  # else the reference pass meets the NaN first
     with pytest.raises(HfTuneError, match=r"(?s)loss at step 1 is nan.*last good checkpoint: none yet"):
         train(load_recipe(raw))
@@ -477,3 +469,27 @@ def test_grpo_throughput_counts_prompt_and_sampled_tokens(tmp_path, tiny_llama_d
     totals = trainer.throughput.total
     assert totals["tokens"] == sum(t for t, _ in seen) and totals["examples"] == 4
     assert totals["trained_tokens"] == sum(c for _, c in seen)  # every sampled token is one the loss trains
+
+
+@pytest.mark.slow
+def test_reward_model_on_the_shipped_pairs_ranks_held_out_pairs_better_than_untrained(tmp_path):
+    recipe = load_recipe(REPO / "recipes" / "reward_model.yaml",
+                         [f"training.output_dir={tmp_path / 'run'}", "training.max_steps=8", "training.eval_strategy=no",
+                          "training.save_strategy=no", "training.disable_tqdm=true"])
+    trainer = build_run(recipe).trainer
+    pairs = trainer.eval_dataset
+
+    def accuracy() -> float:  # the share of held-out pairs whose chosen answer scores higher, computed here
+        model = trainer.model.eval()
+        right = 0
+        with torch.no_grad():
+            for pair in pairs:
+                scores = [model(input_ids=torch.tensor([pair[f"{side}_ids"]])).logits.item()
+                          for side in ("chosen", "rejected")]
+                right += scores[0] > scores[1]
+        return right / len(pairs)
+
+    before = accuracy()
+    trainer.train()
+    after = accuracy()
+    assert after >= before + 0.2, (before, after)

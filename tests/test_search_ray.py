@@ -176,3 +176,22 @@ def test_ray_grid_takes_categorical_keys_and_gives_each_combination_once(tmp_pat
                               "lora.target_modules": {"type": "categorical", "choices": [["q_proj"], "all-linear"]}}
     space = param_space(load_recipe(raw).search)
     assert space["lora.target_modules"] == {"grid_search": [["q_proj"], "all-linear"]}
+
+
+def test_a_dpo_recipe_searches_beta_on_ray_with_one_trainer_per_trial(tmp_path, tiny_llama_dir, local_ray):
+    from test_methods import conversational_pairs, method_recipe
+
+    raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "study",
+                        max_steps=4, eval_strategy="steps", eval_steps=2, learning_rate=1e-3)
+    raw["data"]["eval_split"] = 0.34
+    raw["search"] = {"backend": "ray", "n_trials": 2, "metric": "eval_rewards/accuracies",
+                     "space": {"training.beta": {"type": "categorical", "choices": [0.05, 0.5]}},
+                     "scheduler": "none", "scheduler_kwargs": {"max_concurrent_trials": 1}}
+    optuna = {**raw, "search": {**raw["search"], "backend": "optuna"}}
+    with pytest.raises(HfTuneError, match=r"search.backend: the Optuna backend builds one model per trial"):
+        load_recipe(optuna)
+    result = search(load_recipe(raw))
+    best = load_recipe(tmp_path / "study" / "best_recipe.yaml")
+    assert best.method == "dpo" and best.training["beta"] in (0.05, 0.5)
+    losses = {n: [row["eval_loss"] for row in rows] for n, rows in reported(Path(result["experiment_path"])).items()}
+    assert len(losses) == 2 and all(len(v) == 2 for v in losses.values())  # both trials evaluated at steps 2 and 4

@@ -48,7 +48,8 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
 # data keys of hf_tune's own SFT tokenization and batching; TRL's trainers tokenize and batch themselves
 _SFT_DATA_KEYS = {"max_length": "set training.max_length (the method's config has its own)",
                   "batch_tokens": "remove it: TRL's trainers batch by example",
-                  "padding_free": "set training.padding_free where the method's config has it, or remove it"}
+                  "padding_free": "set training.padding_free where the method's config has it, or remove it",
+                  "streaming": "remove it: TRL's trainers read the whole dataset (and precompute on it)"}
 
 
 def check_method(recipe: Recipe, raw: dict) -> None:
@@ -63,8 +64,11 @@ def check_method(recipe: Recipe, raw: dict) -> None:
         raise RecipeError("data.format", f"{recipe.data.format!r} is not read by {given}",
                           fix=f"use data.format: {' or '.join(method.formats)} (docs/methods.md shows each layout)")
     if method.uses_trl:
+        if isinstance(recipe.data.train, list):
+            raise RecipeError("data.train", f"a mixture of sources is read by method 'sft'; {given} reads one source",
+                              fix="give data.train one source (mix the files beforehand), or use method: sft")
         for key, fix in _SFT_DATA_KEYS.items():
-            if key in (raw.get("data") or {}):
+            if (raw.get("data") or {}).get(key) not in (None, False):
                 raise RecipeError(f"data.{key}", f"applies to method 'sft'; {given} runs TRL's trainer", fix=fix)
     if method.uses_trl and recipe.search is not None and recipe.search.backend == "optuna":
         raise RecipeError("search.backend", f"the Optuna backend builds one model per trial through Trainer's "
@@ -104,7 +108,8 @@ def check_search(recipe: Recipe) -> None:
     search = recipe.search
     evaluating = str(recipe.training.get("eval_strategy", "no")) != "no"
     metrics = search_metrics(search)
-    produced = {"trainable_params", *task_of(recipe.model.task).eval_metrics,
+    method = method_of(recipe.method)
+    produced = {"trainable_params", *(method.eval_metrics if method.uses_trl else task_of(recipe.model.task).eval_metrics),
                 *(f"eval_{m}" for m in recipe.evaluation.metrics)}
     for metric in metrics:
         if metric not in produced:

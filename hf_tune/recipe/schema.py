@@ -280,6 +280,12 @@ class Recipe:
     def output_dir(self) -> Path:
         return Path(self.training["output_dir"])
 
+    def _data_dict(self) -> dict[str, Any]:
+        data = self.data.model_dump(exclude_none=True)
+        if self.method != "sft":  # TRL's trainers have their own length limit: training.max_length
+            data.pop("max_length", None)
+        return data
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``hf-tune validate`` prints and each run folder keeps)."""
         resolved = {
@@ -287,7 +293,7 @@ class Recipe:
             "rewards": copy.deepcopy(self.rewards) or None,
             "model": self.model.model_dump(exclude_none=True),
             "lora": copy.deepcopy(self.lora),
-            "data": self.data.model_dump(exclude_none=True),
+            "data": self._data_dict(),
             "training": copy.deepcopy(self.training),
             "optim": self.optim.model_dump(exclude_none=True),
             "evaluation": self.evaluation.model_dump(exclude_none=True),

@@ -200,7 +200,7 @@ def search_with_ray(recipe: Recipe) -> dict:
     ray, tune = import_ray()
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from hf_tune.data import build_training_data
+    from hf_tune.build import build_data
     from hf_tune.model import build_tokenizer
     from hf_tune.training_args import build_training_arguments
 
@@ -209,7 +209,7 @@ def search_with_ray(recipe: Recipe) -> dict:
     study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
     base = base_recipe_for_ray(recipe, study_dir)
     args = build_training_arguments(base)
-    data = build_training_data(base, build_tokenizer(base), args)  # tokenized once, for every trial
+    data = build_data(base, build_tokenizer(base), args)  # read (sft: tokenized) once, for every trial
     study_dir.mkdir(parents=True, exist_ok=True)
     metric, mode = spec.metric if isinstance(spec.metric, str) else spec.metric[0], directions_for(spec)[0][:3]
     evaluations = evaluations_per_trial(base)
