@@ -225,7 +225,10 @@ def test_what_the_card_says_of_the_embedded_gguf_is_true_of_the_installed_packag
     spec = EMBEDDED_MODELS["SmolLM2-135M-Instruct"]
     path = locate_embedded(SMOLLM2)[2] / spec.gguf_file
     assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.gguf_sha256
-    description = metadata.metadata(spec.distribution).get_payload()  # the source is the package's word, linked
+    # the source is the package's word, linked. Core metadata may hold the description as the body or as a
+    # Description header, and which one is read depends on the email parser other imports leave configured.
+    fields = metadata.metadata(spec.distribution)
+    description = fields.get_payload() or fields.get("Description") or ""
     assert f"huggingface.co/{spec.gguf_repo}/blob/{spec.gguf_revision}/{spec.gguf_file}" in description
 
 
