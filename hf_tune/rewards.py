@@ -46,7 +46,8 @@ def exact_answer(prompts, completions, column: str = "answer", extract: str = "l
     for completion, expected in zip(completions, columns[column]):
         text = completion_text(completion).strip()
         if extract == "last_number":
-            scores.append(float(last_number(text) is not None and last_number(text) == last_number(str(expected))))
+            found = last_number(text)
+            scores.append(float(found is not None and found == last_number(str(expected))))
         else:
             scores.append(float(text == str(expected).strip()))
     return scores
