@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from hf_tune.checkpoints import CheckpointMarker, NonFiniteLoss, last_complete_checkpoint
 from hf_tune.data import build_collator, causal_lm_loss
+from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
 from hf_tune.evaluation import build_callbacks, build_compute_metrics
 from hf_tune.methods import method_of
@@ -60,6 +61,19 @@ class HfTuneMixin:
                                   "groups (optim section) cannot apply\n  fix: use an AdamW/SGD-style optimizer")
             self.optimizer = optimizer_cls(layerwise_param_groups(opt_model, infos), **kwargs)
         return super().create_optimizer(model)
+
+    @override
+    def get_train_dataloader(self):
+        from accelerate.data_loader import IterableDatasetShard
+
+        dataloader = super().get_train_dataloader()
+        if split_by_hf_tune(self.train_dataset):  # this rank's share of a stream (hf_tune.data.streaming)
+            shard = dataloader.dataset
+            if not isinstance(shard, IterableDatasetShard):
+                raise HfTuneError("training.accelerator_config: dispatch_batches reads the stream on rank 0 only, but "
+                                  "each rank already reads its own share of it\n  fix: leave dispatch_batches out")
+            shard.num_processes, shard.process_index = 1, 0  # accelerate would keep one batch in world_size of it
+        return dataloader
 
     @override
     def training_step(self, model, inputs, num_items_in_batch=None):

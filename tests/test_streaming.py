@@ -87,3 +87,83 @@ def test_a_resumed_streamed_run_ends_bit_exact(tmp_path, tiny_llama_dir):
     a, b, c = (final_weights(tmp_path / name) for name in "abc")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def two_rank_stream(tmp_path, tiny_llama_dir, files: int, name: str = "run", **training) -> "Path":
+    """A streamed recipe over the first 24 demo chats, in ``files`` files of consecutive rows."""
+    import yaml
+    from conftest import REPO
+
+    rows = (REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()[:24]
+    paths = []
+    for f in range(files):
+        paths.append(tmp_path / f"part{f}.jsonl")
+        paths[-1].write_text("\n".join(rows[f * 24 // files:(f + 1) * 24 // files]) + "\n")
+    recipe = streamed(tiny_llama_dir, tmp_path / name)
+    recipe["training"].update({"max_steps": 3, **training})
+    recipe["data"]["train"] = {"path": "json", "data_files": [str(p) for p in paths]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def example_hashes(tokenizer, tiny_llama_dir, tmp_path) -> list[str]:
+    """Each of the 24 chats' tokens, hashed as tests/ddp_probe.py hashes what a rank draws (map-style, in order)."""
+    import hashlib
+
+    import numpy as np
+
+    from hf_tune import load_recipe
+    from hf_tune.data import build_datasets
+
+    recipe = chat_recipe(tiny_llama_dir, tmp_path / "whole")
+    recipe["data"]["train"]["path"] = str(tmp_path / "all.jsonl")
+    from conftest import REPO
+
+    (tmp_path / "all.jsonl").write_text(
+        "\n".join((REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()[:24]) + "\n")
+    whole, _ = build_datasets(load_recipe(recipe), tokenizer)
+    return [hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16] for ids in whole["input_ids"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("files, rank_rows", [(1, lambda r: range(r, 24, 2)),  # one file: every other example
+                                              (2, lambda r: range(12 * r, 12 * r + 12))])  # two: a file each
+def test_each_rank_reads_its_own_share_of_the_stream(tmp_path, tiny_llama_dir, smol_tokenizer, files, rank_rows):
+    """Two DDP processes on one stream: each draws exactly its share, computed here from the files (one example in
+    two before tokenizing when there are fewer files than ranks, else whole files), none twice, and they train one
+    model. Before hf_tune split a one-file stream itself, both ranks read and tokenized all 24 examples."""
+    from conftest import free_port
+    from test_distributed import run
+
+    recipe = two_rank_stream(tmp_path, tiny_llama_dir, files)
+    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
+                 str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = example_hashes(smol_tokenizer, tiny_llama_dir, tmp_path)
+    ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r, seen in enumerate(ranks):
+        assert seen["world_size"] == 2 and sorted(seen["examples"]) == sorted(expected[i] for i in rank_rows(r))
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+
+
+@pytest.mark.slow
+def test_a_two_rank_streamed_run_resumes_bit_exact(tmp_path, tiny_llama_dir):
+    """Run A: 2 ranks, 4 steps on a one-file stream, saving at step 2. Run B resumes A's checkpoint-2 under the same
+    launcher: each rank replays its share and skips its 2 batches, so B ends with A's weights, bit for bit."""
+    from conftest import free_port
+    from test_distributed import run
+
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2, per_device_train_batch_size=1)
+    recipes = {name: two_rank_stream(tmp_path, tiny_llama_dir, 1, name, **common) for name in "ab"}
+    for name in "ab":
+        if name == "b":
+            (tmp_path / "b").mkdir()
+            shutil.copytree(tmp_path / "a" / "checkpoint-2", tmp_path / "b" / "checkpoint-2")
+        result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.run",
+                     str(recipes[name]))
+        assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((tmp_path / "b" / "trainer_state.json").read_text())
+    assert [log["step"] for log in state["log_history"] if "loss" in log] == [1, 2, 3, 4]
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)

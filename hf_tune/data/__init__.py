@@ -59,17 +59,17 @@ def build_training_data(recipe: Recipe, tokenizer, training_args=None) -> Traini
     if training_args is None:
         return _build_training_data(recipe, tokenizer)
     with training_args.main_process_first(desc="tokenizing datasets"):
-        return _build_training_data(recipe, tokenizer)
+        return _build_training_data(recipe, tokenizer, training_args.process_index, training_args.world_size)
 
 
-def _build_training_data(recipe: Recipe, tokenizer) -> TrainingData:
+def _build_training_data(recipe: Recipe, tokenizer, rank: int = 0, world_size: int = 1) -> TrainingData:
     if recipe.data.streaming:
         data, evaluation = recipe.data, None
         if data.eval is not None:
             section = source_section(data, data.eval)
             evaluation = tokenize_dataset(load_source(data.eval, "data.eval", section.format), tokenizer, section,
                                           "data.eval")
-        return TrainingData(build_stream(data, tokenizer, data_seed(recipe)), evaluation, None)
+        return TrainingData(build_stream(data, tokenizer, data_seed(recipe), rank, world_size), evaluation, None)
     if recipe.data.format != "classification":
         mixture = build_mixture(recipe.data, tokenizer, data_seed(recipe))
         train = mixture.train
