@@ -65,8 +65,9 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     method = method_of(recipe.method)
     generations = getattr(args, "num_generations", None) or 1 if method.generates else 1
     # GRPO's sampler repeats each prompt num_generations times, and its batch counts completions
-    per_epoch = steps_per_epoch(len(train_dataset) * generations, args.per_device_train_batch_size,
-                                args.gradient_accumulation_steps, world)
+    examples = len(train_dataset) if recipe.data.streaming is not True else None  # a stream is not read ahead
+    per_epoch = None if examples is None else steps_per_epoch(
+        examples * generations, args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
     infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
     trainer.create_optimizer_and_scheduler(num_training_steps=total)
@@ -81,8 +82,8 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     result = {
         "method": method.name,
-        "method_batch": method_batch(method, effective, generations),
-        "examples": len(train_dataset),
+        "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
+        "examples": examples,
         "world_size": world,
         "effective_batch_size": effective,
         "steps_per_epoch": per_epoch,
@@ -112,13 +113,16 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     return result
 
 
-def method_batch(method, effective: int, generations: int) -> str:
+def method_batch(method, effective: int, generations: int, batch_tokens: int | None = None) -> str:
     """What one optimizer step trains on, in the method's own units."""
     if method.generates:
         return (f"{effective} completions per step: {effective / generations:g} prompts x {generations} generations "
                 "(training.num_generations), each scored by the rewards")
     if method.reference or method.name == "reward":
         return f"{effective} pairs per step: {2 * effective} sequences (chosen and rejected) through the model"
+    if batch_tokens:
+        return (f"{effective} pack{'s' if effective > 1 else ''} per step, each of whole examples up to {batch_tokens} tokens (data.batch_tokens): "
+                f"at most {effective * batch_tokens:,} tokens")
     return f"{effective} examples per step"
 
 
@@ -145,10 +149,12 @@ def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> 
 
 
 def format_plan(result: dict) -> str:
+    streamed = result["examples"] is None
     lines = [f"method: {result['method']} ({result['method_batch']})",
-             f"examples: {result['examples']}   world size: {result['world_size']}   "
-             f"effective batch: {result['effective_batch_size']}",
-             f"steps per epoch: {result['steps_per_epoch']}   total steps: {result['total_steps']}   "
+             f"examples: {'streamed, counted as read' if streamed else result['examples']}   "
+             f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
+             f"steps per epoch: {'- (a stream: training.max_steps)' if streamed else result['steps_per_epoch']}   "
+             f"total steps: {result['total_steps']}   "
              f"warmup steps: {result['warmup_steps']}   schedule: {result['lr_scheduler_type']}",
              f"trainable parameters: {result['trainable_params']:,}", "",
              f"{'depth':>5} {'decay':>5} {'tensors':>7} {'params':>12} {'peak lr':>11} {'wd':>6}"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA, chat_recipe
+from conftest import REPO, chat_recipe
 
 from hf_tune.errors import HfTuneError
 
@@ -56,6 +57,21 @@ def test_streamed_packs_hold_every_example_once_within_the_budget(tmp_path, tiny
     assert max(sum(len(ids) for ids in pack["input_ids"]) for pack in packs) <= 512
 
 
+def test_a_plan_of_a_stream_counts_steps_from_max_steps_without_reading_it(tmp_path, tiny_llama_dir):
+    """A stream has no length: the plan takes its steps from training.max_steps, and a step's batch is counted in
+    packs and tokens (2 per device x 3 accumulated = 6 packs of up to 256 tokens)."""
+    from hf_tune import load_recipe
+    from hf_tune.plan import format_plan, plan
+
+    recipe = streamed(tiny_llama_dir, tmp_path / "run", batch_tokens=256)
+    recipe["training"].update(max_steps=6, per_device_train_batch_size=2, gradient_accumulation_steps=3)
+    result = plan(load_recipe(recipe))
+    assert result["examples"] is None and result["steps_per_epoch"] is None and result["total_steps"] == 6
+    assert result["method_batch"].startswith("6 packs per step") and "at most 1,536 tokens" in result["method_batch"]
+    text = format_plan(result)
+    assert "streamed" in text and "total steps: 6" in text
+
+
 def final_weights(run_dir) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -89,10 +105,9 @@ def test_a_resumed_streamed_run_ends_bit_exact(tmp_path, tiny_llama_dir):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-def two_rank_stream(tmp_path, tiny_llama_dir, files: int, name: str = "run", **training) -> "Path":
+def two_rank_stream(tmp_path, tiny_llama_dir, files: int, name: str = "run", **training) -> Path:
     """A streamed recipe over the first 24 demo chats, in ``files`` files of consecutive rows."""
     import yaml
-    from conftest import REPO
 
     rows = (REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()[:24]
     paths = []
@@ -118,8 +133,6 @@ def example_hashes(tokenizer, tiny_llama_dir, tmp_path) -> list[str]:
 
     recipe = chat_recipe(tiny_llama_dir, tmp_path / "whole")
     recipe["data"]["train"]["path"] = str(tmp_path / "all.jsonl")
-    from conftest import REPO
-
     (tmp_path / "all.jsonl").write_text(
         "\n".join((REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()[:24]) + "\n")
     whole, _ = build_datasets(load_recipe(recipe), tokenizer)
