@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe
+from conftest import chat_recipe
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chat_templates import QWEN2_5, family_tokenizer
+from chat_templates import family_tokenizer
 from conftest import DATA, chat_recipe
 from test_templates import QWEN_SYSTEM, reference
 

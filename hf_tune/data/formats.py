@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_tune.data.messages import SHAREGPT_ROLES, chat_messages, normalize_message
+from hf_tune.data.messages import chat_messages, normalize_message
 from hf_tune.errors import RecipeError
 
 FORMAT_COLUMNS = {

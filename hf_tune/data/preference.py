@@ -16,8 +16,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from hf_tune.data.formats import SHAREGPT_ROLES
 from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
+from hf_tune.data.messages import SHAREGPT_ROLES
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import DataSection, DatasetSource
 

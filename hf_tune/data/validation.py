@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
-import datasets
 from datasets import ClassLabel, Dataset, Value
 
-from hf_tune.data.formats import FORMAT_HELP, SHAREGPT_ROLES, check_columns
+from hf_tune.data.formats import FORMAT_HELP, check_columns
+from hf_tune.data.messages import SHAREGPT_ROLES
 from hf_tune.errors import RecipeError
 
 TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
