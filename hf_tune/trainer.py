@@ -21,6 +21,7 @@ from hf_tune.methods import method_of
 from hf_tune.model.attention import loaded_attn_implementation
 from hf_tune.model.loading import model_class
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
+from hf_tune.optim.resume import RecipeHyperparameters
 from hf_tune.recipe.schema import OptimSection, Recipe
 from hf_tune.reference import ReferenceLogpsCache
 from hf_tune.tasks import task_of
@@ -49,6 +50,7 @@ class HfTuneMixin:
         self.perplexity = causal if perplexity is None else perplexity
         self.throughput = Throughput(causal=causal)
         self.add_callback(self.throughput)
+        self.add_callback(RecipeHyperparameters(self))  # a resume trains with the recipe's LRs (optim/resume.py)
 
     @override
     def create_optimizer(self, model=None):

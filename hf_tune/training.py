@@ -11,6 +11,7 @@ from hf_tune import run_folder
 from hf_tune.build import Run, build_run
 from hf_tune.checkpoints import resume_checkpoint
 from hf_tune.distributed import check_distributed
+from hf_tune.errors import HfTuneError
 from hf_tune.manifest import now, write_manifest
 from hf_tune.optim.schedule import resolved_recipe_dict
 from hf_tune.recipe.schema import Recipe
@@ -49,7 +50,16 @@ def _train(run: Run, resume: str | None, started: str):
     if main:
         save_resolved_recipe(recipe, run_dir)
         write_manifest(run_dir, recipe, args, datasets, started)
-    result = trainer.train(resume_from_checkpoint=resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except ValueError as err:
+        if resume is None or "parameter group" not in str(err):  # torch's optimizer load_state_dict checks
+            raise
+        raise HfTuneError(
+            f"training.resume_from_checkpoint: {resume} holds an optimizer whose parameter groups differ from the "
+            f"ones this recipe builds ({err})\n  fix: restore the keys that decide which parameters share a group "
+            "(weight_decay zero or not, optim.layerwise_lr_decay, optim.head_lr, optim.no_decay, lora); learning "
+            "rates and weight decay values may change on resume, the grouping may not") from None
     trainer.save_model()  # adapter (LoRA) or full model, plus the tokenizer and its chat template
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)

@@ -315,3 +315,41 @@ def test_ranks_resume_from_the_checkpoint_the_main_process_chose(tmp_path):
     answers = resume_on_two_ranks([shared, stale], port=free_port())
     assert answers[0][0] == "JSONDecodeError", answers
     assert answers[1][0] == "HfTuneError" and "on the main process: JSONDecodeError" in answers[1][1], answers
+
+
+def test_a_resume_with_a_changed_learning_rate_trains_with_the_recipes(tmp_path, tiny_llama_dir):
+    """Run A trains 4 steps at 1e-3 (constant schedule, layer-wise decay 0.5, weight decay 0.01), saving at step 2.
+    Run B continues from A's checkpoint-2 with learning_rate 2e-4 and weight_decay 0.1. Loading the checkpoint
+    restores A's groups; B must train with its own recipe's: peaks 2e-4 x 0.5^k over the depths (embeddings,
+    2 blocks, final norm and tied head), as written out here, and weight decay 0.1 on the decayed groups."""
+    def recipe(name: str, **training):
+        raw = chat_recipe(tiny_llama_dir, tmp_path / name, **{
+            "max_steps": 4, "save_strategy": "steps", "save_steps": 2, "lr_scheduler_type": "constant",
+            "warmup_steps": 0, "weight_decay": 0.01, **training})
+        raw["optim"] = {"layerwise_lr_decay": 0.5}
+        return load_recipe(raw)
+
+    a = train(recipe("a"))
+    b = train(recipe("b", learning_rate=2e-4, weight_decay=0.1,
+                     resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2")))
+    depths = 4  # embeddings, block 0, block 1, the top (final norm; the head is tied to the embeddings)
+    for trainer, peak, decay in ((a, 1e-3, 0.01), (b, 2e-4, 0.1)):
+        groups = trainer.optimizer.param_groups
+        assert {round(g["lr"] / peak, 12) for g in groups} == {0.5 ** k for k in range(depths)}
+        assert {g["weight_decay"] for g in groups} == {0.0, decay}
+    logged = [log["learning_rate"] for log in b.state.log_history if "loss" in log]
+    assert logged[:2] == [a.state.log_history[0]["learning_rate"]] * 2  # A's steps 1-2, from the checkpoint
+    assert [round(lr / 2e-4, 12) for lr in logged[2:]] == [round(logged[0] / 1e-3, 12)] * 2  # B's own 3-4
+
+
+def test_a_resume_whose_optimizer_groups_changed_is_refused_with_the_keys(tmp_path, tiny_llama_dir):
+    """weight_decay 0.01 -> 0 merges each depth's decay and no-decay groups: the checkpoint's optimizer state cannot
+    line up with the recipe's groups, and the error names the keys instead of torch's message alone."""
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "a", max_steps=2, save_strategy="steps", save_steps=2)
+    raw["training"]["weight_decay"] = 0.01
+    train(load_recipe(raw))
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "b", max_steps=4, weight_decay=0.0,
+                      resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    with pytest.raises(HfTuneError, match=r"(?s)^training.resume_from_checkpoint: .*parameter groups.*fix: .*"
+                                          r"weight_decay zero or not"):
+        train(load_recipe(raw))

@@ -6,7 +6,7 @@ Each trial is a Ray Tune function trainable that builds the trial's recipe and t
 ``Trainer`` (the data is tokenized once, on the driver, and shared through Ray's object store). Every evaluation is
 reported to Ray; under PBT with the complete checkpoint saved at that step (``checkpoint-N`` with its marker), so a
 trial that exploits another copies that checkpoint into its own folder and resumes from it exactly as a rerun would,
-with its mutated values applied to the optimizer it loads (``TrialHyperparameters``). The study folder gets the
+with its mutated values applied to the optimizer it loads (``hf_tune.optim.resume``). The study folder gets the
 same outputs as the Optuna backend (``summarize_ray``).
 """
 
@@ -92,8 +92,6 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     trainer = run.trainer
     report = RayReport(spec.scheduler == "pbt", values)
     trainer.add_callback(report)
-    if resume is not None:
-        trainer.add_callback(TrialHyperparameters(trainer))
     trainer.train(resume_from_checkpoint=resume)
     if report.last_step != trainer.state.global_step:  # no evaluation at the last step
         trainer.evaluate()
@@ -164,32 +162,6 @@ class RayReport(TrainerCallback):
         result, self.pending, self.last_step = self.pending, None, state.global_step
         self._record(args, result)
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(str(checkpoint)))
-
-
-class TrialHyperparameters(TrainerCallback):
-    """After a resume, the optimizer takes this trial's values again. Loading a checkpoint restores its optimizer's
-    learning rates and weight decay, which under PBT are the donor's, not the mutated ones the trial was given: each
-    group gets the peak and decay hf_tune's groups give it for this trial, and its current rate follows the
-    schedule at this step."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        from hf_tune.optim import layerwise_param_groups, recipe_param_infos
-
-        fresh = layerwise_param_groups(model, recipe_param_infos(model, self.trainer.optim, args.learning_rate,
-                                                                 args.weight_decay))
-        groups = optimizer.param_groups
-        if len(fresh) != len(groups) or not hasattr(lr_scheduler, "lr_lambdas"):
-            logger.warning("search: the resumed optimizer keeps the checkpoint's learning rates (%d groups, %d "
-                           "expected, scheduler %s)", len(groups), len(fresh), type(lr_scheduler).__name__)
-            return
-        for index, (group, new) in enumerate(zip(groups, fresh)):
-            group["initial_lr"] = lr_scheduler.base_lrs[index] = new["lr"]
-            group["weight_decay"] = new["weight_decay"]
-            group["lr"] = new["lr"] * lr_scheduler.lr_lambdas[index](lr_scheduler.last_epoch)
-        lr_scheduler._last_lr = [group["lr"] for group in groups]
 
 
 # ---- on the driver ------------------------------------------------------------------------------------------------
