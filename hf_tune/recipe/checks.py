@@ -117,16 +117,36 @@ def check_search(recipe: Recipe) -> None:
                               fix=f"use one of {sorted(produced)}")
     if isinstance(search.directions, list) and len(search.directions) != len(metrics):
         raise RecipeError("search.directions", f"has {len(search.directions)} entries for {len(metrics)} metrics")
-    if recipe.data.eval is None and recipe.data.eval_split is None:
+    if search.cv is not None:
+        _check_cross_validated_search(recipe)
+    elif search.pruner == "wilcoxon":
+        raise RecipeError("search.pruner", "wilcoxon pairs a trial's values with the best trial's, fold by fold: it "
+                          "needs a cross-validated search", fix="set search.cv: 5 (k folds), or pruner median")
+    elif recipe.data.eval is None and recipe.data.eval_split is None:
         raise RecipeError("search", "trials are compared on eval data, and the recipe has none",
                           fix="set data.eval or data.eval_split")
     check_search_settings(recipe)  # the space's structure, the backend and its scheduler (recipe.search_space)
     if search.pruner != "none" and search.backend == "optuna":
         if len(metrics) > 1:
             raise RecipeError("search.pruner", "Optuna cannot prune multi-objective studies", fix="set pruner: none")
-        if not evaluating:
+        if not evaluating and search.pruner != "wilcoxon":
             raise RecipeError("search.pruner", "pruning needs evaluations during each trial",
                               fix="set training.eval_strategy: steps (and eval_steps), or search.pruner: none")
+
+
+def _check_cross_validated_search(recipe: Recipe) -> None:
+    """search.cv: each trial trains k stratified folds of data.train on the Optuna backend; its steps are folds."""
+    search = recipe.search
+    if search.backend != "optuna":
+        raise RecipeError("search.cv", "a cross-validated search runs on the Optuna backend (Ray's schedulers act on "
+                          "the evaluations of one training run)", fix="set search.backend: optuna, or remove search.cv")
+    if recipe.data.format != "classification":
+        raise RecipeError("search.cv", f"the folds are stratified by label, so they need data.format classification, "
+                          f"not {recipe.data.format!r}", fix="remove search.cv (trials then evaluate on data.eval)")
+    if search.pruner in ("median", "hyperband"):
+        raise RecipeError("search.pruner", f"{search.pruner} compares trials at the same training step; with "
+                          "search.cv a trial reports one value per fold", fix="set search.pruner: wilcoxon (the "
+                          "default with search.cv: a paired test over the folds both trials ran) or none")
 
 
 def search_metrics(search) -> list[str]:

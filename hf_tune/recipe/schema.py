@@ -222,8 +222,11 @@ class SearchSection(_Section):
     sampler: Literal["tpe", "random", "cmaes", "nsga2", "grid", "gp"] = "tpe"
     sampler_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna sampler class, "
                                            "e.g. n_startup_trials for tpe (Optuna's default: 10 random trials first)")
-    pruner: Literal["median", "hyperband", "none"] = "median"
+    pruner: Literal["median", "hyperband", "wilcoxon", "none"] = Field(
+        default="median", description="default median; wilcoxon (and the default) with cv: a paired test, fold by fold")
     pruner_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna pruner class")
+    cv: int | None = Field(default=None, ge=2, description="k: each trial's value is the mean of its metric over k "
+                                                          "stratified folds of data.train (scikit-learn's cv=k)")
     terminator: Literal["none", "stagnation", "regret_bound", "emmr"] = Field(
         default="none", description="stop the study once more trials are unlikely to beat the best (Optuna's Terminator)")
     terminator_kwargs: dict[str, Any] = Field(default_factory=dict,
@@ -241,6 +244,14 @@ class SearchSection(_Section):
                                                           "sqlite in the study folder")
     study_name: str | None = Field(default=None, description="default: the recipe file's name")
     output_dir: str | None = Field(default=None, description="the study folder; default: training.output_dir")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wilcoxon_with_cv(cls, data: Any) -> Any:
+        """With cv a trial's steps are its folds: the pruner defaults to wilcoxon, which pairs them."""
+        if isinstance(data, dict) and data.get("cv") is not None and "pruner" not in data:
+            return {**data, "pruner": "wilcoxon"}
+        return data
 
 
 class ProfileSection(_Section):

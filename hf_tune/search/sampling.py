@@ -60,10 +60,11 @@ def trial_recipe(base: Recipe, values: dict[str, Any]) -> Recipe:
     return validate_recipe(apply_values(raw, values), base.source)
 
 
-def make_sampler(search: SearchSection):
+def make_sampler(search: SearchSection, ask_and_tell: bool = False):
     """The study's sampler, seeded per trial: trial k samples with seed + k, whichever process runs it, so a study
     reproduces from its seed and two workers starting together never propose the same values. The grid sampler keeps
-    one seed: it shuffles the grid with it, and the grid ids in the storage must keep meaning the same points."""
+    one seed: it shuffles the grid with it, and the grid ids in the storage must keep meaning the same points.
+    ``ask_and_tell``: for trials run by ``study.ask`` / ``study.tell`` rather than ``Study.optimize``."""
     if search.sampler == "grid":
         grid = {}
         for key, d in search.space.items():
@@ -73,7 +74,7 @@ def make_sampler(search: SearchSection):
                 step = d.step or 1
                 count = int(round((d.high - d.low) / step)) + 1
                 grid[key] = [typed(d, d.low + i * step) for i in range(count)]
-        return optuna.samplers.GridSampler(grid, seed=search.seed)
+        return (AskAndTellGridSampler if ask_and_tell else optuna.samplers.GridSampler)(grid, seed=search.seed)
     kind = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
             "cmaes": optuna.samplers.CmaEsSampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler}[search.sampler]
@@ -84,6 +85,14 @@ def make_sampler(search: SearchSection):
     except TypeError as err:
         raise RecipeError("search.sampler_kwargs", str(err)) from None
     return TrialSeededSampler(lambda seed: kind(seed=seed, **kwargs), search.seed)
+
+
+class AskAndTellGridSampler(optuna.samplers.GridSampler):
+    """The grid sampler for ask and tell: once the grid is visited, Optuna's calls ``study.stop()``, which only
+    ``Study.optimize`` allows; the loop stops at search.n_trials instead (as the optimize loop of one trial does)."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
@@ -111,15 +120,21 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
 
 
 def make_pruner(search: SearchSection):
+    """The Optuna pruner of ``search.pruner``; wilcoxon (a cross-validated search) pairs a trial's fold values with
+    the best trial's same folds (Optuna's defaults: p_threshold 0.1, n_startup_steps 2)."""
+    import warnings
+
     kinds = {"median": optuna.pruners.MedianPruner, "hyperband": optuna.pruners.HyperbandPruner,
-             "none": optuna.pruners.NopPruner}
+             "wilcoxon": optuna.pruners.WilcoxonPruner, "none": optuna.pruners.NopPruner}
     kwargs = search.pruner_kwargs
     if search.pruner == "median":
         kwargs = {"n_startup_trials": 2, **kwargs}  # Optuna's 5 would prune nothing in a small study
-    try:
-        return kinds[search.pruner](**kwargs)
-    except TypeError as err:
-        raise RecipeError("search.pruner_kwargs", str(err)) from None
+    with warnings.catch_warnings():  # Optuna marks WilcoxonPruner experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return kinds[search.pruner](**kwargs)
+        except (TypeError, ValueError) as err:
+            raise RecipeError("search.pruner_kwargs", str(err)) from None
 
 
 def warn_if_random_search(search: SearchSection) -> None:

@@ -28,7 +28,7 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
         optuna.storages.fail_stale_trials(study)
     trials = [{"number": t.number, "state": t.state.name, "values": t.values, "params": t.params,
                "trainable_params": t.user_attrs.get("trainable_params"),
-               "error": t.user_attrs.get("error")} for t in study.trials]
+               "error": t.user_attrs.get("error"), **fold_record(t)} for t in study.trials]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     result: dict[str, Any] = {"study_name": study.study_name, "metrics": metrics, "trials": trials,
                               "study_dir": str(study_dir), "terminated": study.user_attrs.get("terminated")}
@@ -45,6 +45,15 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
     study.trials_dataframe().to_csv(study_dir / run_folder.TRIALS_CSV, index=False)
     result["plots"] = write_plots(study, metrics, study_dir)
     return result
+
+
+def fold_record(trial) -> dict:
+    """A cross-validated trial's folds (search.cv): ``fold_values`` {fold id: metric} in the order it trained them
+    (a pruned trial: the folds it ran), and ``fold_order``, the order it planned; nothing for other trials."""
+    if "fold_order" not in trial.user_attrs:
+        return {}
+    return {"fold_values": {int(k): v for k, v in trial.user_attrs.get("fold_values", {}).items()},
+            "fold_order": trial.user_attrs["fold_order"]}
 
 
 def write_best_recipe(study, recipe: Recipe, metrics: list[str], best, study_dir: Path) -> Path:
@@ -97,6 +106,10 @@ def format_summary(result: dict) -> str:
         values = ", ".join(f"{v:.4g}" for v in t["values"]) if t["values"] else "-"
         lines.append(f"{t['number']:>3} {t['state']:<9} {values:<24} {t['params']}"
                      + (f"\n      error: {t['error']}" if t["error"] else ""))
+        if t.get("fold_order") is not None:
+            ran = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
+                            for k, v in t["fold_values"].items())
+            lines.append(f"      folds {len(t['fold_values'])}/{len(t['fold_order'])} {{{ran}}}")
     if result.get("running"):
         lines.append(f"\nno trial has completed yet; running in other workers: {result['running']} (with a journal "
                      "file, possibly left so by a killed worker). The worker that finishes last writes the best "

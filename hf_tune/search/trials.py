@@ -138,12 +138,16 @@ class TrialHooks:
         return space
 
     def compute_objective(self, results: dict[str, float]):
-        missing = [m for m in self.metrics if m != "trainable_params" and m not in results]
-        if missing:
-            raise HfTuneError(f"search.metric: {missing} not in the evaluation results {sorted(results)}")
-        values = [float(trainable_params(self.trainer.model)) if m == "trainable_params" else results[m]
-                  for m in self.metrics]
+        values = objective_values(self.metrics, results, self.trainer.model)
         return values if len(self.metrics) > 1 else values[0]
+
+
+def objective_values(metrics: list[str], results: dict[str, float], model) -> list[float]:
+    """The value of each search metric: from the evaluation ``results``, or the model's trainable parameters."""
+    missing = [m for m in metrics if m != "trainable_params" and m not in results]
+    if missing:
+        raise HfTuneError(f"search.metric: {missing} not in the evaluation results {sorted(results)}")
+    return [float(trainable_params(model)) if m == "trainable_params" else results[m] for m in metrics]
 
 
 def run_trials(trainer, hooks: TrialHooks, storage, study_name: str) -> None:
@@ -240,6 +244,19 @@ def _has_complete_trial(storage, study_name: str) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
+def study_has_room(study, spec: SearchSection, started: float, terminator=None) -> bool:
+    """Another trial may start: fewer than n_trials in the study (run anywhere), the timeout not reached, and the
+    Terminator (if any) not stopping it; a stop is recorded in the study (user attribute ``terminated``)."""
+    go = len(study.trials) < spec.n_trials and (spec.timeout is None or time.time() - started < spec.timeout)
+    if go and terminator is not None and terminator.should_terminate(study):
+        go = False
+        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        logger.info("search: the Terminator (%s) stopped the study after %d completed trials of %d",
+                    spec.terminator, done, spec.n_trials)
+        study.set_user_attr("terminated", {"by": spec.terminator, "after_trials": len(study.trials)})
+    return go
+
+
 def _another_trial(trainer, storage, study_name: str, directions: list[str], spec: SearchSection,
                    started: float, terminator=None) -> bool:
     """Rank 0 decides from the shared storage (trials finished or running anywhere count); other ranks follow."""
@@ -247,13 +264,7 @@ def _another_trial(trainer, storage, study_name: str, directions: list[str], spe
     if trainer.is_world_process_zero():
         study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
                                     directions=directions)
-        go = len(study.trials) < spec.n_trials and (spec.timeout is None or time.time() - started < spec.timeout)
-        if go and terminator is not None and terminator.should_terminate(study):
-            go = False
-            done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-            logger.info("search: the Terminator (%s) stopped the study after %d completed trials of %d",
-                        spec.terminator, done, spec.n_trials)
-            study.set_user_attr("terminated", {"by": spec.terminator, "after_trials": len(study.trials)})
+        go = study_has_room(study, spec, started, terminator)
     if trainer.args.world_size > 1:
         import torch.distributed as dist
 
