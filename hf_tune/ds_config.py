@@ -99,3 +99,25 @@ def init_cpu_deepspeed(kwargs: dict) -> None:
 
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
+    release_shared_allreduce_buffer()
+
+
+def shared_allreduce_buffer(rank: int) -> Path:
+    """The shared-memory segment DeepSpeed's CPU all-reduce maps for ``rank`` when every rank is on this machine
+    (its ``shm.cpp``: name from the user id, MASTER_ADDR, MASTER_PORT and the rank)."""
+    return Path("/dev/shm") / (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+                               f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+
+
+def release_shared_allreduce_buffer() -> None:
+    """DeepSpeed never unlinks its CPU all-reduce segments (64 MB per rank in /dev/shm, which is RAM), so every run
+    left them behind until a reboot: 14 GB had piled up on the development machine. Once every rank has mapped every
+    segment (DeepSpeed's init waits for that, then this barrier), each rank unlinks its own; the mappings stay valid,
+    and the memory is freed when the run's processes exit, even killed ones."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if os.environ.get("LOCAL_SIZE") != str(world):  # DeepSpeed's own condition for the segments (all ranks local)
+        return
+    dist.barrier()
+    shared_allreduce_buffer(dist.get_rank()).unlink(missing_ok=True)

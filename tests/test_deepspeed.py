@@ -65,10 +65,13 @@ def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tmp_path, tin
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, deepspeed="zero3")))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    port = free_port()
     result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
+                             str(port), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    # DeepSpeed's CPU all-reduce segments (64 MB of RAM per rank) are gone with the run, not left in /dev/shm
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     output = result.stdout + result.stderr
     assert "rank 0 of 2" in output and "rank 1 of 2" in output
     assert json.loads((tmp_path / "run" / "run.json").read_text())["world_size"] == 2
