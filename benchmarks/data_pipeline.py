@@ -4,14 +4,15 @@ hf_tune's packing beside TRL's ``pack_dataset`` (bfd) on the same tokenized data
 Each stage runs in a fresh process (so ``ru_maxrss`` is that stage's own peak) against the same on-disk datasets
 cache: ``load`` reads and checks the JSONL into Arrow, ``tokenize`` renders each chat with SmolLM2's template and
 writes tokens + labels (the Arrow dataset whose size is reported), ``pack`` is ``pack_by_token_budget``, ``trl``
-is ``trl.pack_dataset(strategy="bfd")`` with ``seq_length`` = the same budget, and ``base`` only imports the
-libraries and opens the tokenized dataset (the floor every stage pays).
+is ``trl.pack_dataset(strategy="bfd")`` with ``seq_length`` = the same budget (recomputed, never read from its
+cache), and ``size`` only imports the libraries and opens the tokenized dataset (the floor every stage pays).
 
     flock -x /tmp/hf_tune_cpu.lock .venv/bin/python benchmarks/data_pipeline.py --sizes 10000 100000 \\
         --work /tmp/hf_tune_data_bench
 
 ``--synthetic-tokens N``: skip chats and tokenization; write N tokenized examples of the chats' lengths straight to
-Arrow (the 1M packing comparison: tokenizing a million chats on the 2-core machine takes about 25 minutes).
+Arrow (the 1M packing comparison: tokenizing a million chats on the 2-core machine takes about 8 minutes).
+``--repeats R``: run the two packing stages R times each, alternately, and report the median seconds and every run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -42,8 +44,8 @@ def write_chats(path: Path, n: int, seed: int = 0) -> None:
             f.write(json.dumps({"messages": messages}) + "\n")
 
 
-def stage(name: str, work: Path, n: int) -> dict:
-    """Run one stage in this process; return its seconds and peak RSS."""
+def stage(name: str, work: Path, n: int, data: str) -> dict:
+    """Run one stage in this process on ``data`` ("chats" or "synthetic"); return its seconds and peak RSS."""
     os.environ["HF_DATASETS_CACHE"] = str(work / "cache")
     from datasets import Dataset
     from transformers import AutoTokenizer  # noqa: F401  every import before any clock starts
@@ -60,8 +62,10 @@ def stage(name: str, work: Path, n: int) -> dict:
     elif name == "tokenize":
         tokenize_chats(work, n, load_chats(work, n), start_clock=out)
     else:
-        synthetic = work / f"tokenized-{n}" / "data.arrow"
-        tokenized = Dataset.from_file(str(synthetic)) if synthetic.exists() else tokenize_chats(work, n, load_chats(work, n))
+        if data == "synthetic":
+            tokenized = Dataset.from_file(str(synthetic_tokens_file(work, n)))
+        else:
+            tokenized = tokenize_chats(work, n, load_chats(work, n))
         for old in {Path(f["filename"]).parent for f in tokenized.cache_files}:
             for cached in old.glob("packs-*.arrow"):  # measure building the packs, not reading them back
                 cached.unlink()
@@ -70,7 +74,8 @@ def stage(name: str, work: Path, n: int) -> dict:
         if name == "pack":
             out["packs"] = len(pack_by_token_budget(tokenized, BUDGET, seed=0))
         elif name == "trl":
-            out["packs"] = len(pack_dataset(tokenized.select_columns(["input_ids", "labels"]), BUDGET, strategy="bfd"))
+            out["packs"] = len(pack_dataset(tokenized.select_columns(["input_ids", "labels"]), BUDGET, strategy="bfd",
+                                            map_kwargs={"load_from_cache_file": False}))
         elif name == "size":  # also the floor: libraries imported, the tokenized dataset opened
             out["arrow_mb"] = sum(os.path.getsize(f["filename"]) for f in tokenized.cache_files) / 2**20
             out["examples"] = len(tokenized)
@@ -106,6 +111,10 @@ def tokenize_chats(work: Path, n: int, raw, start_clock: dict | None = None):
     return tokenize_dataset(raw, tokenizer, data, "data.train")
 
 
+def synthetic_tokens_file(work: Path, n: int) -> Path:
+    return work / f"synthetic-{n}" / "data.arrow"
+
+
 def write_synthetic_tokens(work: Path, n: int, seed: int = 0, chunk: int = 100_000) -> None:
     """N tokenized examples (input_ids, attention_mask, labels as int64, like tokenize_dataset's) of 20-140 tokens
     (the synthetic chats' range), written chunk by chunk to one Arrow file: generating them never holds them all."""
@@ -114,9 +123,8 @@ def write_synthetic_tokens(work: Path, n: int, seed: int = 0, chunk: int = 100_0
     from datasets.arrow_writer import ArrowWriter
 
     rng = np.random.default_rng(seed)
-    folder = work / f"tokenized-{n}"
-    folder.mkdir(parents=True, exist_ok=True)
-    with ArrowWriter(path=str(folder / "data.arrow")) as writer:
+    synthetic_tokens_file(work, n).parent.mkdir(parents=True, exist_ok=True)
+    with ArrowWriter(path=str(synthetic_tokens_file(work, n))) as writer:
         for begin in range(0, n, chunk):
             lengths = rng.integers(20, 140, min(chunk, n - begin))
             offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
@@ -133,28 +141,38 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--synthetic-tokens", type=int, nargs="*", default=[])
     parser.add_argument("--work", type=Path, default=Path("/tmp/hf_tune_data_bench"))
-    parser.add_argument("--stage", nargs=2)  # internal: NAME N, run in a child process
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--stage", nargs=3)  # internal: NAME N DATA, run in a child process
     args = parser.parse_args()
     if args.stage:
-        print(json.dumps(stage(args.stage[0], args.work, int(args.stage[1]))))
+        print(json.dumps(stage(args.stage[0], args.work, int(args.stage[1]), args.stage[2])))
         return
     args.work.mkdir(parents=True, exist_ok=True)
 
-    def child(name: str, n: int) -> dict:
-        done = subprocess.run([sys.executable, __file__, "--work", str(args.work), "--stage", name, str(n)],
+    def child(name: str, n: int, data: str) -> dict:
+        done = subprocess.run([sys.executable, __file__, "--work", str(args.work), "--stage", name, str(n), data],
                               capture_output=True, text=True, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    rows = []
+    def packing(n: int, data: str) -> dict:
+        """hf_tune's and TRL's packing, each run ``--repeats`` times (alternately): the median run, and all runs."""
+        runs = {"pack": [], "trl": []}
+        for _ in range(args.repeats):
+            for name, done in runs.items():
+                done.append(child(name, n, data))
+        return {name: {**sorted(done, key=lambda run: run["seconds"])[len(done) // 2],
+                       "seconds": statistics.median(run["seconds"] for run in done),
+                       "seconds_runs": [round(run["seconds"], 3) for run in done],
+                       "peak_rss_mb": max(run["peak_rss_mb"] for run in done)} for name, done in runs.items()}
+
     for n in args.sizes:
         write_chats(args.work / f"chats-{n}.jsonl", n)
-        row = {"n": n, **{name: child(name, n) for name in ("load", "tokenize", "size", "pack", "trl")}}
-        rows.append(row)
+        row = {"n": n, **{name: child(name, n, "chats") for name in ("load", "tokenize", "size")},
+               **packing(n, "chats")}
         print(json.dumps(row), flush=True)
     for n in args.synthetic_tokens:
         write_synthetic_tokens(args.work, n)
-        row = {"n": n, "synthetic_tokens": True, **{name: child(name, n) for name in ("size", "pack", "trl")}}
-        rows.append(row)
+        row = {"n": n, "synthetic_tokens": True, "size": child("size", n, "synthetic"), **packing(n, "synthetic")}
         print(json.dumps(row), flush=True)
 
 

@@ -104,11 +104,11 @@ def test_token_budget_packs_hold_every_example_once_grouped_by_length():
 
 
 def greedy_packs_reference(lengths: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
-    """The packing rule written plainly: a seeded shuffle, a stable sort by length, greedy filling."""
-    import random
+    """The packing rule written plainly: a seeded shuffle (numpy's permutation), a stable sort by length, greedy
+    filling."""
+    import numpy as np
 
-    order = list(range(len(lengths)))
-    random.Random(seed).shuffle(order)
+    order = np.random.default_rng(seed).permutation(len(lengths)).tolist()
     order.sort(key=lengths.__getitem__)
     packs, filled = [], batch_tokens
     for i in order:
@@ -144,6 +144,24 @@ def test_packs_are_built_in_arrow_cached_by_fingerprint_and_follow_a_reordered_d
     again = pack_by_token_budget(reordered, batch_tokens=256, seed=5)
     assert again.cache_files == packs.cache_files and again._fingerprint == packs._fingerprint
     assert pack_by_token_budget(reordered, batch_tokens=256, seed=6)._fingerprint != packs._fingerprint
+
+
+def test_packs_hold_the_rows_a_shuffled_or_selected_dataset_shows(tmp_path):
+    """Through an indices mapping (shuffle, select with repeats) and across Arrow chunks, each packed example is the
+    dataset's row as read one by one, tokens and labels; every row is packed once."""
+    from datasets import Dataset, concatenate_datasets
+
+    from hf_tune.data.packing import pack_by_token_budget
+
+    lengths = [int(x) for x in torch.randint(1, 60, (400,), generator=torch.Generator().manual_seed(2))]
+    rows = [{"input_ids": [i] * n, "labels": [-100] + list(range(n - 1))} for i, n in enumerate(lengths)]
+    chunked = concatenate_datasets([Dataset.from_list(rows[:150]), Dataset.from_list(rows[150:])])
+    for dataset in (chunked.shuffle(seed=0), chunked.select([5, 399, 5, *range(200, 100, -1)])):
+        expected = sorted((row["input_ids"], row["labels"]) for row in dataset)  # read one by one
+        packs = pack_by_token_budget(dataset, batch_tokens=128, seed=1)
+        packed = [(ids, labels) for pack in packs for ids, labels in zip(pack["input_ids"], pack["labels"])]
+        assert sorted(packed) == expected
+        assert max(sum(len(ids) for ids in pack) for pack in packs["input_ids"]) <= 128
 
 
 def one_sgd_step(tmp_path, tiny_llama_dir, name: str, **data_and_training) -> dict[str, torch.Tensor]:
