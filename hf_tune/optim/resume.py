@@ -10,6 +10,7 @@ bit-exact.
 from __future__ import annotations
 
 import logging
+import weakref
 
 from transformers import TrainerCallback
 
@@ -17,17 +18,19 @@ logger = logging.getLogger(__name__)
 
 
 class RecipeHyperparameters(TrainerCallback):
-    """Re-applies the recipe's group peaks and weight decay after a checkpoint is loaded (``on_train_begin``)."""
+    """Re-applies the recipe's group peaks and weight decay after a checkpoint is loaded (``on_train_begin``), from
+    the trainer's optim section as it is then (a search trial sets its own). The trainer is held weakly: it holds
+    this callback, and a cycle would keep each search trial's model alive until the garbage collector runs."""
 
     def __init__(self, trainer):
-        self.trainer = trainer
+        self.trainer = weakref.ref(trainer)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if state.global_step == 0 or optimizer is None:  # nothing was loaded
             return
         from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 
-        fresh = layerwise_param_groups(model, recipe_param_infos(model, self.trainer.optim, args.learning_rate,
+        fresh = layerwise_param_groups(model, recipe_param_infos(model, self.trainer().optim, args.learning_rate,
                                                                  args.weight_decay))
         groups = optimizer.param_groups
         changed = [(old, new) for old, new in zip(groups, fresh)
