@@ -56,13 +56,13 @@ def kfold_splits(recipe: Recipe, folds: int, key: str = "--folds") -> Folds:
     return Folds(dataset, labels, splits, seed)
 
 
-def train_fold(recipe: Recipe, folds: Folds, k: int, output_dir: Path):
-    """Train ``recipe`` on every fold but ``k`` into ``output_dir`` and evaluate on fold k (its own tracker run);
-    returns the trainer and its evaluation metrics."""
+def train_fold(recipe: Recipe, folds: Folds, k: int, output_dir: Path, resume: str | None = None):
+    """Train ``recipe`` on every fold but ``k`` into ``output_dir`` (from checkpoint ``resume`` when given) and
+    evaluate on fold k (its own tracker run); returns the trainer and its evaluation metrics."""
     fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(output_dir)})
     run = build_run(fold, data=folds.data(k))
     with tracking_scope(fold, Path(run.args.output_dir), run.trainer):  # each fold its own tracker run
-        run.trainer.train()
+        run.trainer.train(resume_from_checkpoint=resume)
         metrics = run.trainer.evaluate()
     run.trainer.save_metrics("eval", metrics)
     return run.trainer, metrics

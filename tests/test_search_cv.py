@@ -217,3 +217,60 @@ def test_a_bad_wilcoxon_argument_names_pruner_kwargs(tiny_bert_dir, topics_80, t
         "pruner_kwargs": {"p_threshold": 2.0}}))
     with pytest.raises(HfTuneError, match="search.pruner_kwargs: p_threshold must be between 0 and 1"):
         make_pruner(recipe.search)
+
+
+@pytest.mark.slow
+def test_a_killed_cross_validated_trial_keeps_its_folds_and_resumes_the_one_it_was_in(tmp_path, tiny_bert_dir,
+                                                                                     topics_80):
+    """SIGKILL the study once a fold has finished and another has a complete checkpoint. Rerunning the command
+    resumes the same trial: the finished fold is kept, not trained again, the interrupted one is trained on from
+    its last complete checkpoint, and every fold's value, and so the trial's, equals an uninterrupted study's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    from hf_tune.checkpoints import is_complete
+
+    def study_recipe(name: str) -> Path:
+        raw = cv_recipe(tiny_bert_dir, topics_80, tmp_path / name, {
+            "space": {"training.learning_rate": {"type": "categorical", "choices": [GOOD]}}, "sampler": "grid",
+            "cv": 3, "pruner": "none", "n_trials": 1}, max_steps=60, save_strategy="steps", save_steps=5)
+        return write_recipe(tmp_path / f"{name}.yaml", raw)
+
+    def trial_0(name: str):
+        return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}").trials[0]
+
+    search(load_recipe(study_recipe("whole")))
+    command = [sys.executable, "-m", "hf_tune.cli", "search", str(study_recipe("killed"))]
+    folds = [tmp_path / "killed" / "trial-0" / f"fold-{k}" for k in range(3)]
+
+    def finished(fold: Path) -> bool:
+        return (fold / "eval_results.json").is_file()
+
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 300
+    while not (any(finished(f) for f in folds) and any(not finished(f) and any(
+            is_complete(c) for c in f.glob("checkpoint-*")) for f in folds)):
+        assert proc.poll() is None, f"the study ended before the kill: {proc.stderr.read()[-2000:]}"
+        assert time.time() < deadline, "timed out waiting"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = {k for k, f in enumerate(folds) if finished(f)}
+    first_results = {k: (folds[k] / "eval_results.json").read_text() for k in done_before}
+    assert trial_0("killed").state == optuna.trial.TrialState.RUNNING
+
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    killed, whole = trial_0("killed"), trial_0("whole")
+    assert killed.state == optuna.trial.TrialState.COMPLETE and killed.user_attrs["resumed"] is True
+    assert killed.number == 0 and killed.params == whole.params
+    assert all((folds[k] / "eval_results.json").read_text() == first_results[k] for k in done_before)  # kept
+    assert killed.user_attrs["fold_values"] == whole.user_attrs["fold_values"]
+    assert killed.value == whole.value
+    assert len(optuna.load_study(study_name="killed", storage=f"sqlite:///{tmp_path / 'killed' / 'study.db'}")
+               .trials) == 1

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import optuna
 
+from hf_tune.checkpoints import last_complete_checkpoint
 from hf_tune.cv import Folds, kfold_splits, train_fold
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
-from hf_tune.search.resume import heartbeat, this_worker
+from hf_tune.search.resume import claimed_orphans, heartbeat, this_worker
 from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, make_terminator, sample_trial,
                                      trial_recipe, warn_if_random_search)
 from hf_tune.search.storage import make_storage
@@ -55,11 +56,18 @@ def search_cross_validated(recipe: Recipe) -> dict:
     study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
                                 directions=directions_for(spec), sampler=make_sampler(spec, ask_and_tell=True),
                                 pruner=make_pruner(spec))
-    with warnings.catch_warnings():  # a killed worker's trial fails once its heartbeat is stale (not resumed here)
+    base_raw = base.to_dict()  # what conditions (search.space.KEY.when) read for keys not searched
+    for frozen in claimed_orphans(study, storage, lambda t: study_dir / trial_folder_name(t)):  # killed workers
+        trial = optuna.trial.Trial(study, frozen._trial_id)
+        logger.info("search: trial %d was left running by a worker that is gone; resuming it after its folds %s",
+                    trial.number, sorted(int(k) for k in frozen.user_attrs.get(FOLD_VALUES, {})))
+        trial.set_user_attr("resumed", True)
+        with heartbeat(storage, trial._trial_id):
+            run_trial(study, trial, base, base_raw, folds, metrics, study_dir, spec, resumed=frozen)
+    with warnings.catch_warnings():  # a killed worker's trial elsewhere fails once its heartbeat is stale
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     terminator = make_terminator(spec, cross_validated=True)
-    base_raw = base.to_dict()  # what conditions (search.space.KEY.when) read for keys not searched
     started = time.time()
     while study_has_room(study, spec, started, terminator):
         with warnings.catch_warnings():  # Optuna warns that heartbeats are Study.optimize's: heartbeat() below
@@ -76,15 +84,18 @@ def fold_order(spec: SearchSection, number: int) -> list[int]:
 
 
 def run_trial(study, trial, base: Recipe, base_raw: dict, folds: Folds, metrics: list[str], study_dir: Path,
-              spec: SearchSection) -> None:
-    """Train the trial's folds in its order, reporting each; tell Optuna the mean (COMPLETE), PRUNED or FAIL."""
+              spec: SearchSection, resumed=None) -> None:
+    """Train the trial's folds in its order, reporting each; tell Optuna the mean (COMPLETE), PRUNED or FAIL.
+    ``resumed``: the trial as a killed worker left it (its parameters and the folds it finished are kept)."""
     try:
-        if trial.number >= spec.n_trials:  # workers that found room at the same moment each started one
+        if resumed is None and trial.number >= spec.n_trials:  # workers that found room at once each started one
             raise SurplusTrial(trial.number, spec.n_trials)
         trial.set_user_attr("worker", this_worker())
-        current = trial_recipe(base, sample_trial(trial, spec.space, base_raw))
+        current = trial_recipe(base, sample_trial(trial, spec.space, base_raw))  # a resumed trial's: as stored
         logger.info("search: trial %d with %s", trial.number, trial.params)
-        scores, pruned = train_folds(trial, current, folds, metrics, study_dir / trial_folder_name(trial), spec)
+        done = {int(k): v if isinstance(v, list) else [v]
+                for k, v in (resumed.user_attrs.get(FOLD_VALUES, {}) if resumed is not None else {}).items()}
+        scores, pruned = train_folds(trial, current, folds, metrics, study_dir / trial_folder_name(trial), spec, done)
     except Exception as err:  # a failing trial (OOM, NaN, bad values) keeps its error; the study goes on
         logger.warning("search: trial %d failed: %s: %s", trial.number, type(err).__name__, err)
         trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
@@ -104,15 +115,21 @@ def run_trial(study, trial, base: Recipe, base_raw: dict, folds: Folds, metrics:
     study.tell(trial, means if len(metrics) > 1 else means[0])
 
 
-def train_folds(trial, recipe: Recipe, folds: Folds, metrics: list[str], trial_dir: Path,
-                spec: SearchSection) -> tuple[dict[int, list[float]], bool]:
+def train_folds(trial, recipe: Recipe, folds: Folds, metrics: list[str], trial_dir: Path, spec: SearchSection,
+                done: dict[int, list[float]] | None = None) -> tuple[dict[int, list[float]], bool]:
     """The trial's ``{fold id: metric values}`` in the order trained, and whether the pruner stopped it. Each fold
-    trains in ``trial_dir/fold-K``; its values are recorded (user attribute ``fold_values``) as soon as it ends."""
+    trains in ``trial_dir/fold-K``; its values are recorded (user attribute ``fold_values``) as soon as it ends.
+    ``done``: folds a killed worker finished (kept, not trained again); a fold it left half-trained goes on from
+    its last complete checkpoint."""
     order = fold_order(spec, trial.number)
     trial.set_user_attr(FOLD_ORDER, order)
-    scores: dict[int, list[float]] = {}
+    scores: dict[int, list[float]] = dict(done or {})
     for k in order:
-        trainer, results = train_fold(recipe, folds, k, trial_dir / f"fold-{k}")
+        if k in scores:
+            continue
+        checkpoint = last_complete_checkpoint(trial_dir / f"fold-{k}")
+        trainer, results = train_fold(recipe, folds, k, trial_dir / f"fold-{k}",
+                                      resume=str(checkpoint) if checkpoint else None)
         if not scores:
             trial.set_user_attr("trainable_params", trainable_params(trainer.model))
         scores[k] = objective_values(metrics, results, trainer.model)

@@ -51,14 +51,13 @@ def orphaned_trials(study) -> list:
     return [t for t in running if worker_is_gone(t.user_attrs.get("worker"))]
 
 
-def resume_orphaned_trials(trainer, hooks, storage, study_name: str, study_dir: Path, hp_name) -> list[int]:
-    """Resume every orphaned trial of the study in turn; returns their numbers."""
+def claimed_orphans(study, storage, folder_of):
+    """The orphaned trials of the study, one at a time, each while the resume lock in its folder (``folder_of(trial)``)
+    is held, so that two reruns never both take it."""
     from filelock import FileLock, Timeout
 
-    study = optuna.load_study(study_name=study_name, storage=storage)
-    resumed = []
     for frozen in orphaned_trials(study):
-        folder = study_dir / hp_name(frozen)
+        folder = folder_of(frozen)
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(folder / RESUME_LOCK))
         try:
@@ -68,10 +67,18 @@ def resume_orphaned_trials(trainer, hooks, storage, study_name: str, study_dir: 
         try:
             now = storage.get_trial(frozen._trial_id)  # as it is now that the lock is held
             if now.state == optuna.trial.TrialState.RUNNING and worker_is_gone(now.user_attrs.get("worker")):
-                resume_trial(trainer, hooks, study, storage, frozen, folder)
-                resumed.append(frozen.number)
+                yield now
         finally:
             lock.release()
+
+
+def resume_orphaned_trials(trainer, hooks, storage, study_name: str, study_dir: Path, hp_name) -> list[int]:
+    """Resume every orphaned trial of the study in turn; returns their numbers."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    resumed = []
+    for frozen in claimed_orphans(study, storage, lambda t: study_dir / hp_name(t)):
+        resume_trial(trainer, hooks, study, storage, frozen, study_dir / hp_name(frozen))
+        resumed.append(frozen.number)
     return resumed
 
 
