@@ -2,6 +2,12 @@
 
     flock -x /tmp/hf_tune_cpu.lock .venv/bin/python benchmarks/search_backends.py
     flock -x /tmp/hf_tune_cpu.lock .venv/bin/python benchmarks/search_backends.py cv   # Wilcoxon vs no pruner
+    flock -x /tmp/hf_tune_cpu.lock .venv/bin/python benchmarks/search_backends.py pbt-memory
+
+``pbt-memory``: the shipped PBT search (recipes/llm_lora_search.yaml, backend ray, scheduler pbt, n_trials 4) run
+twice, once with Ray's actors reused across trials (what hf_tune did before: ``TuneConfig`` patched here to
+``reuse_actors=True``) and once as shipped (a fresh actor per trial): the peak RSS of any Ray process, sampled every
+2 s, and the wall time.
 
 ``cv``: a cross-validated search (search.cv: 5, then 10) of a tiny random BERT classifier on 160 rows of the shipped
 topics data, six learning rates each tried once (grid, same seed, so the same trial order), with pruner none and with
@@ -127,5 +133,50 @@ def wilcoxon_vs_none(rows_used: int = 160, n_trials: int = 6) -> None:
               f"| {best['params']['training.learning_rate']:g} | {stopped} |")
 
 
+def pbt_run(reuse: bool, out: str) -> None:
+    """One PBT search of the shipped recipe (in its own process: ``pbt_memory`` samples its Ray processes)."""
+    import dataclasses
+
+    from ray import tune
+
+    from hf_tune import load_recipe, search
+
+    if reuse:  # the earlier behaviour: Ray's actors reused across trials
+        original = tune.TuneConfig
+
+        def reusing(*args, **kwargs):
+            return dataclasses.replace(original(*args, **kwargs), reuse_actors=True)
+
+        tune.TuneConfig = reusing
+    search(load_recipe(REPO / "recipes" / "llm_lora_search.yaml",
+                       ["search.backend=ray", "search.scheduler=pbt", "search.n_trials=4", f"training.output_dir={out}"]))
+
+
+def pbt_memory() -> None:
+    import subprocess
+
+    import psutil
+
+    print("| Ray actors | peak RSS of a Ray process (GB) | wall time (s) |\n|---|---|---|")
+    for reuse in (True, False):
+        out = tempfile.mkdtemp(prefix="hf_tune_pbt_")
+        start, peak = time.perf_counter(), 0
+        proc = subprocess.Popen([sys.executable, __file__, "pbt-run", str(int(reuse)), out], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None:
+            for p in psutil.process_iter(["cmdline", "memory_info"]):
+                if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::") and p.info["memory_info"]:
+                    peak = max(peak, p.info["memory_info"].rss)
+            time.sleep(2)
+        assert proc.returncode == 0, f"the search failed (reuse={reuse})"
+        print(f"| {'reused across trials' if reuse else 'one per trial (shipped)'} | {peak / 1e9:.2f} "
+              f"| {time.perf_counter() - start:.0f} |")
+
+
 if __name__ == "__main__":
-    wilcoxon_vs_none() if sys.argv[1:] == ["cv"] else main()
+    if sys.argv[1:2] == ["pbt-run"]:
+        pbt_run(sys.argv[2] == "1", sys.argv[3])
+    elif sys.argv[1:] == ["pbt-memory"]:
+        pbt_memory()
+    else:
+        wilcoxon_vs_none() if sys.argv[1:] == ["cv"] else main()

@@ -198,7 +198,9 @@ def search_with_ray(recipe: Recipe) -> dict:
                                         search_alg=BasicVariantGenerator(
                                             random_state=spec.seed,
                                             max_concurrent=spec.scheduler_kwargs.get("max_concurrent_trials", 0)),
-                                        time_budget_s=spec.timeout, reuse_actors=True),
+                                        # a fresh actor per trial: a reused one kept the models of the trials
+                                        # it ran before (PBT's peak actor RSS: benchmarks/RESULTS.md)
+                                        time_budget_s=spec.timeout, reuse_actors=False),
             run_config=tune.RunConfig(name=study_name, storage_path=str(study_dir / "ray"), verbose=0,
                                       stop=stop_rule(base),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=None)))
