@@ -148,8 +148,8 @@ def pbt_run(reuse: bool, out: str) -> None:
             return dataclasses.replace(original(*args, **kwargs), reuse_actors=True)
 
         tune.TuneConfig = reusing
-    search(load_recipe(REPO / "recipes" / "llm_lora_search.yaml",
-                       ["search.backend=ray", "search.scheduler=pbt", "search.n_trials=4", f"training.output_dir={out}"]))
+    overrides = ["search.backend=ray", "search.scheduler=pbt", "search.n_trials=4", f"training.output_dir={out}"]
+    search(load_recipe(REPO / "recipes" / "llm_lora_search.yaml", overrides))
 
 
 def pbt_memory() -> None:

@@ -65,7 +65,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     method = method_of(recipe.method)
     generations = getattr(args, "num_generations", None) or 1 if method.generates else 1
     # GRPO's sampler repeats each prompt num_generations times, and its batch counts completions
-    examples = len(train_dataset) if recipe.data.streaming is not True else None  # a stream is not read ahead
+    examples = None if recipe.data.streaming else len(train_dataset)  # a stream is not read ahead
     per_epoch = None if examples is None else steps_per_epoch(
         examples * generations, args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
@@ -121,8 +121,8 @@ def method_batch(method, effective: int, generations: int, batch_tokens: int | N
     if method.reference or method.name == "reward":
         return f"{effective} pairs per step: {2 * effective} sequences (chosen and rejected) through the model"
     if batch_tokens:
-        return (f"{effective} pack{'s' if effective > 1 else ''} per step, each of whole examples up to {batch_tokens} tokens (data.batch_tokens): "
-                f"at most {effective * batch_tokens:,} tokens")
+        return (f"{effective} pack{'s' if effective > 1 else ''} per step, each of whole examples up to "
+                f"{batch_tokens} tokens (data.batch_tokens): at most {effective * batch_tokens:,} tokens")
     return f"{effective} examples per step"
 
 

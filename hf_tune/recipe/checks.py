@@ -109,8 +109,8 @@ def check_search(recipe: Recipe) -> None:
     evaluating = str(recipe.training.get("eval_strategy", "no")) != "no"
     metrics = search_metrics(search)
     method = method_of(recipe.method)
-    produced = {"trainable_params", *(method.eval_metrics if method.uses_trl else task_of(recipe.model.task).eval_metrics),
-                *(f"eval_{m}" for m in recipe.evaluation.metrics)}
+    evaluated = method.eval_metrics if method.uses_trl else task_of(recipe.model.task).eval_metrics
+    produced = {"trainable_params", *evaluated, *(f"eval_{m}" for m in recipe.evaluation.metrics)}
     for metric in metrics:
         if metric not in produced:
             raise RecipeError("search.metric", f"{metric!r} is never produced by this recipe",

@@ -31,12 +31,11 @@ from hf_tune.search.resume import claimed_orphans, heartbeat, this_worker
 from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, make_terminator, sample_trial,
                                      trial_recipe, warn_if_random_search)
 from hf_tune.search.storage import make_storage
-from hf_tune.search.summary import summarize
+from hf_tune.search.summary import FOLD_ORDER, FOLD_VALUES, summarize
 from hf_tune.search.trials import (SurplusTrial, base_recipe, objective_values, study_has_room, trainable_params,
                                    trial_folder_name)
 
 logger = logging.getLogger(__name__)
-FOLD_ORDER, FOLD_VALUES = "fold_order", "fold_values"  # trial user attributes: the planned order, {fold id: value}
 
 
 def search_cross_validated(recipe: Recipe) -> dict:

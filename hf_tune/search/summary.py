@@ -19,6 +19,7 @@ from hf_tune.redaction import redact_secrets
 from hf_tune.search.sampling import params_to_values, trial_recipe
 
 logger = logging.getLogger(__name__)
+FOLD_ORDER, FOLD_VALUES = "fold_order", "fold_values"  # a cv trial's user attributes (search.cross_validated)
 
 
 def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dict:
@@ -50,10 +51,10 @@ def summarize(study, recipe: Recipe, metrics: list[str], study_dir: Path) -> dic
 def fold_record(trial) -> dict:
     """A cross-validated trial's folds (search.cv): ``fold_values`` {fold id: metric} in the order it trained them
     (a pruned trial: the folds it ran), and ``fold_order``, the order it planned; nothing for other trials."""
-    if "fold_order" not in trial.user_attrs:
+    if FOLD_ORDER not in trial.user_attrs:
         return {}
-    return {"fold_values": {int(k): v for k, v in trial.user_attrs.get("fold_values", {}).items()},
-            "fold_order": trial.user_attrs["fold_order"]}
+    return {FOLD_VALUES: {int(k): v for k, v in trial.user_attrs.get(FOLD_VALUES, {}).items()},
+            FOLD_ORDER: trial.user_attrs[FOLD_ORDER]}
 
 
 def write_best_recipe(study, recipe: Recipe, metrics: list[str], best, study_dir: Path) -> Path:
