@@ -111,16 +111,25 @@ def count_batch(inputs: dict) -> BatchCounts:
 
 
 # Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets: float32 (FMA), tf32 (tensor cores, used for float32
-# matmuls when torch's float32 matmul precision is not "highest"), bfloat16 / float16 (tensor cores). Matched on
-# torch.cuda.get_device_name(), most specific name first.
+# matmuls when torch's float32 matmul precision is not "highest"), bfloat16 / float16 (tensor cores). Data sheets
+# that give only sparse tensor-core figures (H100 NVL, H200, B200, GB200, Ada) are halved. Matched as a substring of
+# torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3"), most specific name first (H100 PCIe before H100, GB200
+# before B200, L40S and L40 before L4, A100 before A10).
 GPU_PEAK_TFLOPS = (
-    ("H100 PCIe", {"float32": 51.2, "tf32": 378.0, "bfloat16": 756.0, "float16": 756.0}),
+    ("H100 PCIe", {"float32": 51.0, "tf32": 378.0, "bfloat16": 756.0, "float16": 756.0}),
     ("H100 NVL", {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5}),
-    ("H100", {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),   # SXM
-    ("H200", {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),   # SXM
+    ("H100", {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),   # SXM
+    ("H200 NVL", {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5}),
+    ("H200", {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}),   # SXM
+    ("GB200", {"float32": 80.0, "tf32": 1250.0, "bfloat16": 2500.0, "float16": 2500.0}),  # NVL72, per GPU
+    ("B200", {"float32": 75.0, "tf32": 1125.0, "bfloat16": 2250.0, "float16": 2250.0}),   # HGX, per GPU
     ("A100", {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0}),
     ("L40S", {"float32": 91.6, "tf32": 183.0, "bfloat16": 362.05, "float16": 362.05}),
+    ("L40", {"float32": 90.5, "tf32": 90.5, "bfloat16": 181.05, "float16": 181.05}),
     ("L4", {"float32": 30.3, "tf32": 60.0, "bfloat16": 121.0, "float16": 121.0}),
+    # GeForce: tensor-core figures with FP32 accumulate (what torch's half-precision matmuls use), half the FP16-
+    # accumulate ones
+    ("RTX 4090", {"float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2}),
     ("A10", {"float32": 31.2, "tf32": 62.5, "bfloat16": 125.0, "float16": 125.0}),
     ("V100", {"float32": 15.7, "float16": 125.0}),  # SXM2
     ("T4", {"float32": 8.1, "float16": 65.0}),

@@ -6,17 +6,17 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainingArguments
 from typing_extensions import override
 
-from hf_tune.checkpoints import CheckpointMarker, NonFiniteLoss, last_complete_checkpoint
+from hf_tune.checkpoints import CheckpointMarker
 from hf_tune.data import build_collator, causal_lm_loss
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
 from hf_tune.evaluation import build_callbacks, build_compute_metrics
+from hf_tune.loss_guard import NonFiniteLossGuard
 from hf_tune.methods import method_of
 from hf_tune.model.attention import loaded_attn_implementation
 from hf_tune.model.loading import model_class
@@ -32,8 +32,9 @@ from hf_tune.tracking import RecipeToTrackers
 class HfTuneMixin:
     """hf_tune's features for any ``Trainer`` subclass (placed before it in the bases): the optimizer gets hf_tune's
     parameter groups (decay / no decay, layer-wise LR decay, head LR), a non-finite loss stops training on every rank
-    before backward, and logs add the LR of the lowest and highest group, throughput (tokens/s, MFU, peak memory:
-    ``hf_tune.throughput``) and, for supervised causal LMs, eval perplexity.
+    at the next log or save, before any checkpoint holds it (``hf_tune.loss_guard``), and logs add the LR of the
+    lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.throughput``) and, for supervised
+    causal LMs, eval perplexity.
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
     optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
@@ -50,6 +51,8 @@ class HfTuneMixin:
         self.perplexity = causal if perplexity is None else perplexity
         self.throughput = Throughput(causal=causal)
         self.add_callback(self.throughput)
+        self.loss_guard = NonFiniteLossGuard()  # after DefaultFlowCallback: it reads the step's log / save decision
+        self.add_callback(self.loss_guard)
         self.add_callback(RecipeHyperparameters(self))  # a resume trains with the recipe's LRs (optim/resume.py)
 
     @override
@@ -91,27 +94,9 @@ class HfTuneMixin:
         if model.training and "completion_ids" in inputs and "input_ids" not in inputs:
             self.throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if model.training:  # a training step: checked before backward (DeepSpeed steps its optimizer inside it)
-            self._stop_if_not_finite(result[0] if return_outputs else result)
+        if model.training:  # a training step: recorded on the device, checked at the next log / save (loss_guard)
+            self.loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
         return result
-
-    def _stop_if_not_finite(self, loss: torch.Tensor) -> None:
-        """Raise on every rank when the loss is NaN or infinite on any: one rank stopping alone would leave the
-        others waiting in a collective, after an optimizer step on the NaN gradients it shared with them."""
-        bad = ~torch.isfinite(loss.detach()).all()
-        distributed = self.args.world_size > 1
-        ranks = self.accelerator.gather(bad.reshape(1).int()).nonzero().flatten().tolist() if distributed \
-            else [0] if bad else []
-        if not ranks:
-            return
-        value = loss.detach().float().mean().item()
-        last = last_complete_checkpoint(Path(self.args.output_dir))
-        raise NonFiniteLoss(
-            f"training stopped: the loss at step {self.state.global_step + 1} is "
-            + (f"not finite on rank(s) {ranks} (this rank's: {value})" if distributed else f"{value} (not finite)")
-            + f"\n  last good checkpoint: {last or 'none yet'}\n"
-            "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
-            "command resumes from the last good checkpoint")
 
     # A private upstream hook, kept because every DDP rank must follow rank 0's pruning decision (see the docstring;
     # tests/test_search.py::test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank).

@@ -158,3 +158,36 @@ def test_this_cpus_theoretical_peak_is_cores_times_clock_times_flops_per_cycle()
     peak, how = cpu_peak_flops(torch.float32, torch.get_num_threads())
     assert peak == pytest.approx(cores * mhz * 1e6 * cpu_flops_per_cycle(flags, vendor, family, torch.float32))
     assert how.startswith(f"{cores} cores x ")
+
+
+# Data-sheet dense figures (TFLOP/s), written out here from NVIDIA's data sheets: where a sheet gives only the sparse
+# tensor-core figure, half of it. Device names as torch.cuda.get_device_name() reports them.
+@pytest.mark.parametrize("name, dtype, precision, tflops", [
+    ("NVIDIA H100 80GB HBM3", torch.float32, "highest", 67.0),     # SXM: FP32 67
+    ("NVIDIA H100 80GB HBM3", torch.float32, "high", 989 / 2),     # TF32 989 sparse
+    ("NVIDIA H100 80GB HBM3", torch.float16, "highest", 1979 / 2),
+    ("NVIDIA H100 PCIe", torch.float32, "highest", 51.0),
+    ("NVIDIA H100 PCIe", torch.float32, "high", 756 / 2),
+    ("NVIDIA H100 PCIe", torch.float16, "highest", 1513 / 2),
+    ("NVIDIA H200", torch.bfloat16, "highest", 1979 / 2),
+    ("NVIDIA H200", torch.float32, "high", 989 / 2),
+    ("NVIDIA H200 NVL", torch.bfloat16, "highest", 1671 / 2),      # not the SXM's
+    ("NVIDIA A100-SXM4-80GB", torch.bfloat16, "highest", 312.0),
+    ("NVIDIA A100 80GB PCIe", torch.float32, "high", 156.0),
+    ("NVIDIA L4", torch.float32, "high", 120 / 2),
+    ("NVIDIA L4", torch.float16, "highest", 242 / 2),
+    ("NVIDIA L40S", torch.float32, "highest", 91.6),
+    ("NVIDIA L40S", torch.float32, "high", 366 / 2),
+    ("NVIDIA L40", torch.bfloat16, "highest", 362.1 / 2),           # not the L4's
+    ("NVIDIA GeForce RTX 4090", torch.float32, "highest", 82.6),
+    ("NVIDIA GeForce RTX 4090", torch.bfloat16, "highest", 330.4 / 2),  # FP32 accumulate: 165.2 dense
+    ("NVIDIA GeForce RTX 4090", torch.float32, "high", 165.2 / 2),
+    ("NVIDIA B200", torch.bfloat16, "highest", 36000 / 8 / 2),      # HGX B200: 36 PFLOPS sparse over 8 GPUs
+    ("NVIDIA B200", torch.float32, "high", 18000 / 8 / 2),
+    ("NVIDIA B200", torch.float32, "highest", 600 / 8),
+    ("NVIDIA GB200", torch.bfloat16, "highest", 360000 / 72 / 2),   # NVL72: 360 PFLOPS sparse over 72 GPUs
+])
+def test_gpu_peaks_of_current_cards_match_their_data_sheets(name, dtype, precision, tflops):
+    from hf_tune.throughput import gpu_peak_flops
+
+    assert gpu_peak_flops(name, dtype, precision) == pytest.approx(tflops * 1e12, rel=2e-3)

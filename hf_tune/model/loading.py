@@ -72,7 +72,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         # The one place the attention is decided; the collator reads the model's choice (loaded_attn_implementation)
         if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
                 and default_attn_implementation(task.causal, type(model)) == SDPA_VARLEN):
-            model.set_attn_implementation(SDPA_VARLEN)  # transformers' SDPA, but flattened examples attend apart
+            _choose_attention(model, recipe)  # flash attention on a GPU where installed, else sdpa_varlen
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     new_ids = new_token_ids(tokenizer) if tokenizer is not None else []
@@ -82,6 +82,17 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
                        "through peft's trainable_token_indices" if not _lora_trains_embeddings(recipe.lora) else
                        "as the lora section says")
     return model if recipe.lora is None else wrap_lora(model, recipe, new_ids)
+
+
+def _choose_attention(model, recipe: Recipe) -> str:
+    """Both choices run flattened examples apart (``hf_tune.model.attention_choice``)."""
+    import torch
+
+    from hf_tune.model.attention_choice import choose_attention
+    from hf_tune.training_args import computes_in_half_precision
+
+    on_gpu = torch.cuda.is_available() and not recipe.training.get("use_cpu")
+    return choose_attention(model, on_gpu, on_gpu and computes_in_half_precision(recipe))
 
 
 def _lora_trains_embeddings(lora: dict) -> bool:
