@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
+import torch
+from transformers import get_scheduler
+
 from hf_tune import run_folder
-from hf_tune.build import build_run
+from hf_tune.build import build_method_data
+from hf_tune.data import TrainingData, build_training_data, dataset_labels
+from hf_tune.errors import RecipeError
+from hf_tune.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
+                            quantized_model_state_memory, quantized_weight_memory, recipe_setup)
 from hf_tune.methods import method_of
-from hf_tune.optim import group_summary, recipe_param_infos
+from hf_tune.model import build_tokenizer
+from hf_tune.model.meta import build_meta_model
+from hf_tune.model.quantization import describe
+from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import Recipe
+from hf_tune.tasks import task_of
+from hf_tune.training_args import build_training_arguments
+
+__all__ = ["format_plan", "model_state_memory", "plan", "steps_per_epoch"]
 
 
 def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int, world_size: int) -> int:
@@ -20,96 +33,115 @@ def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int,
     return max(math.ceil(batches_per_rank / accumulation), 1)
 
 
-def model_state_memory(total: int, trainable: int, largest_layer: int, world_size: int, mixed_precision: bool,
-                       param_bytes: int) -> dict[str, tuple[float, float]]:
-    """(accelerator bytes, CPU bytes) per rank for weights, gradients and AdamW states, by setup.
-
-    DeepSpeed's accounting (its ``estimate_zero{2,3}_model_states_mem_needs`` for a full fine-tune): under mixed
-    precision a trained parameter costs a 16-bit weight and gradient plus fp32 gradient, master weight and two Adam
-    moments (2 + 2 + 4 + 4 + 8 bytes; ZeRO-3 frees the 16-bit gradient once reduced); in fp32, weight 4 + gradient 4
-    + moments 8. ZeRO-2 partitions gradients and optimizer states over the ranks, ZeRO-3 the weights too and gathers
-    one layer at a time (``4 x largest_layer``);
-    offload moves what it partitions to CPU (the bundled zero3_offload offloads weights as well). Frozen weights
-    (LoRA's base) cost their weight only. Activations are not included: they scale with tokens per step.
-    """
-    n = world_size
-    weight = 2 if mixed_precision else param_bytes
-    partitioned = trainable * (18 if mixed_precision else 12)  # everything per trained parameter but its weight
-    partitioned3 = trainable * (16 if mixed_precision else 12)
-    gathered = 4 * largest_layer
-    ddp = total * param_bytes + trainable * param_bytes * 3  # weights, gradients, two Adam moments in the same dtype
-    return {
-        "no ZeRO (DDP)": (ddp, 0),
-        "ZeRO-2": (total * weight + partitioned / n, 0),
-        "ZeRO-2 offload": (total * weight, partitioned / n),
-        "ZeRO-3": (gathered + (total * weight + partitioned3) / n, 0),
-        "ZeRO-3 offload": (gathered, (total * weight + partitioned3) / n),
-    }
-
-
-def model_state_sizes(model) -> tuple[int, int, int]:
-    """Parameters (tied ones once), trained parameters, and the most parameters any one module holds itself."""
-    unique = {p.data_ptr(): p for p in model.parameters()}.values()
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), largest
-
-
 def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
-    """Everything the run will do, computed with the real model, data, optimizer and scheduler. Writes
-    ``lr_schedule.png`` (one line per optimizer group) into ``out_dir`` (default: the run's output_dir)."""
-    if method_of(recipe.method).reference:  # a plan needs no reference pass over the data
-        recipe = dataclasses.replace(recipe, training={**recipe.training, "precompute_ref_log_probs": False})
-    run = build_run(recipe, check_launch=False)  # plans for a launch other than this one
-    args, model, train_dataset, trainer = run.args, run.model, run.data.train, run.trainer
+    """Everything the run will do, without reading a weight: the model is built on the meta device from its config
+    (``hf_tune.model.meta``), the data is read and tokenized as training would (when the tokenizer is at hand), and
+    the LR of every optimizer group comes from the real scheduler. Writes ``lr_schedule.png`` (one line per group)
+    into ``out_dir`` (default: the run's output_dir) when the step count is known."""
+    args = build_training_arguments(recipe)
     world = world_size or args.world_size
     method = method_of(recipe.method)
+    data, missing = _plan_data(recipe, args)
+    labels = data.labels if data is not None else (
+        dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None)
+    model = build_meta_model(recipe, labels)
     generations = getattr(args, "num_generations", None) or 1 if method.generates else 1
     # GRPO's sampler repeats each prompt num_generations times, and its batch counts completions
-    examples = None if recipe.data.streaming else len(train_dataset)  # a stream is not read ahead
+    examples = None if data is None or recipe.data.streaming else len(data.train)  # a stream is not read ahead
     per_epoch = None if examples is None else steps_per_epoch(
         examples * generations, args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
-    total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+    total = args.max_steps if args.max_steps > 0 else (
+        None if per_epoch is None else math.ceil(args.num_train_epochs * per_epoch))
     infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
-    trainer.create_optimizer_and_scheduler(num_training_steps=total)
-    groups = trainer.optimizer.param_groups
-    curves = [[] for _ in groups]
-    for _ in range(total):  # the LR each optimizer step will use, from the real scheduler
-        for curve, group in zip(curves, groups):
-            curve.append(group["lr"])
-        trainer.optimizer.step()  # no gradients: a no-op that keeps the scheduler's order check quiet
-        trainer.lr_scheduler.step()
-
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     result = {
         "method": method.name,
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
         "examples": examples,
+        "data_not_read": missing,
         "world_size": world,
         "effective_batch_size": effective,
         "steps_per_epoch": per_epoch,
         "total_steps": total,
-        "warmup_steps": args.get_warmup_steps(total),
+        "warmup_steps": None if total is None else args.get_warmup_steps(total),
         "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
         "groups": group_summary(infos),
         "trainable_params": sum(info.numel for info in infos),
+        **plan_memory(recipe, args, model, world),
+        "lr_schedule_png": None,
     }
+    if total:
+        out = Path(out_dir or args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        curves, groups = lr_curves(model, infos, args, total)
+        result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / run_folder.LR_SCHEDULE_PLOT))
+    return result
+
+
+def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None]:
+    """The training data as the run reads it, or (None, why) when the tokenizer a supervised run needs is neither
+    local nor reachable (a plan of a 70B recipe on a laptop offline)."""
+    method = method_of(recipe.method)
+    if method.uses_trl:  # TRL's layouts, read without a tokenizer
+        return build_method_data(recipe, args), None
+    try:
+        tokenizer = build_tokenizer(recipe)
+    except RecipeError as err:
+        if err.key != "model.pretrained_model_name_or_path":
+            raise
+        return None, f"the tokenizer of {recipe.model.pretrained_model_name_or_path} is not at hand ({err.problem})"
+    return build_training_data(recipe, tokenizer, args), None
+
+
+def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[dict]]:
+    """The LR of each optimizer group at every optimizer step, from the scheduler ``Trainer.create_scheduler`` builds
+    (``get_scheduler`` with the same arguments) over hf_tune's groups."""
+    groups = layerwise_param_groups(model, infos)
+    optimizer = torch.optim.SGD(groups, lr=args.learning_rate)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
+                              num_warmup_steps=args.get_warmup_steps(total), num_training_steps=total,
+                              scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    curves = [[] for _ in optimizer.param_groups]
+    for _ in range(total):
+        for curve, group in zip(curves, optimizer.param_groups):
+            curve.append(group["lr"])
+        optimizer.step()  # no gradients: a no-op that keeps the scheduler's order check quiet
+        scheduler.step()
+    return curves, optimizer.param_groups
+
+
+def micro_batch_tokens(recipe: Recipe, args) -> int:
+    """Tokens one rank's micro-batch holds at most, in the method's own length keys."""
+    method, per_device = method_of(recipe.method), args.per_device_train_batch_size
+    if method.generates:
+        return per_device * ((getattr(args, "max_prompt_length", None) or 512)
+                             + (getattr(args, "max_completion_length", None) or 256))
+    if method.uses_trl:
+        sequences = 2 if recipe.data.format == "preference" else 1  # chosen and rejected
+        return per_device * sequences * (getattr(args, "max_length", None) or 1024)
+    return per_device * (recipe.data.batch_tokens or recipe.data.max_length)
+
+
+def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
+    """Model states per rank by setup (a quantized base's stored weights), activations of one micro-batch, and the
+    estimated peak of the setup the recipe runs (``hf_tune.memory``)."""
     total, trainable, largest = model_state_sizes(model)
     mixed = bool(args.bf16 or args.fp16)
     param_bytes = next(model.parameters()).element_size()
-    result["memory_per_rank"] = model_state_memory(total, trainable, largest, world, mixed, param_bytes)
-    if recipe.model.quantization_config:  # the weights as stored; ZeRO-3 cannot partition them (refused at load)
-        from hf_tune.model.quantization import describe, weight_memory
-
-        weights = weight_memory(model)
-        result["quantized_weights"] = {**weights, "quantization": describe(recipe.model.quantization_config)}
-        states = trainable * (18 if mixed else 12)  # a trained (adapter) parameter's gradient and AdamW moments
-        result["memory_per_rank"] = {"no ZeRO (DDP)": (weights["bytes"] + states, 0),
-                                     "ZeRO-2": (weights["bytes"] + states / world, 0),
-                                     "ZeRO-2 offload": (weights["bytes"], states / world)}
-    result["memory_precision"] = ("mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1])
-    out = Path(out_dir or args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / run_folder.LR_SCHEDULE_PLOT))
+    result = {"memory_per_rank": model_state_memory(total, trainable, largest, world, mixed, param_bytes)}
+    quantization = recipe.model.quantization_config
+    if quantization:
+        weights = quantized_weight_memory(model, quantization)
+        result["quantized_weights"] = {**weights, "quantization": describe(quantization)}
+        result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
+    result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
+    tokens = micro_batch_tokens(recipe, args)
+    checkpointing = bool(args.gradient_checkpointing or recipe.training.get("activation_checkpointing"))
+    activations = activation_memory(model.config, tokens, checkpointing, lora_r=(recipe.lora or {}).get("r", 0))
+    setup = recipe_setup(recipe.training)
+    result["activations"] = {"bytes": activations, "tokens": tokens, "checkpointing": checkpointing}
+    result["setup"] = setup
+    result["peak_per_rank"] = result["memory_per_rank"][setup][0] + activations + RUNTIME_RESERVE_BYTES
     return result
 
 
@@ -149,13 +181,17 @@ def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> 
 
 
 def format_plan(result: dict) -> str:
-    streamed = result["examples"] is None
+    missing = result.get("data_not_read")
+    streamed = result["examples"] is None and not missing
+    examples = f"not counted: {missing}" if missing else "streamed, counted as read" if streamed else result["examples"]
+    per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
+    total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
     lines = [f"method: {result['method']} ({result['method_batch']})",
-             f"examples: {'streamed, counted as read' if streamed else result['examples']}   "
+             f"examples: {examples}",
              f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
-             f"steps per epoch: {'- (a stream: training.max_steps)' if streamed else result['steps_per_epoch']}   "
-             f"total steps: {result['total_steps']}   "
-             f"warmup steps: {result['warmup_steps']}   schedule: {result['lr_scheduler_type']}",
+             f"steps per epoch: {per_epoch or '-'}   total steps: {total}   "
+             f"warmup steps: {result['warmup_steps'] if result['warmup_steps'] is not None else '-'}   "
+             f"schedule: {result['lr_scheduler_type']}",
              f"trainable parameters: {result['trainable_params']:,}", "",
              f"{'depth':>5} {'decay':>5} {'tensors':>7} {'params':>12} {'peak lr':>11} {'wd':>6}"]
     for row in result["groups"]:
@@ -169,6 +205,13 @@ def format_plan(result: dict) -> str:
                  "activations not included):")
     lines.append(f"{'setup':<16} {'accelerator':>12} {'CPU':>10}")
     for setup, (device, cpu) in result["memory_per_rank"].items():
-        lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB")
-    lines.append(f"\nLR schedule plot: {result['lr_schedule_png']}")
+        mark = "  <- this recipe" if setup == result["setup"] else ""
+        lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB{mark}")
+    act = result["activations"]
+    lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB for {act['tokens']:,} tokens a micro-batch "
+                 f"(activation checkpointing {'on' if act['checkpointing'] else 'off'})")
+    lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
+                 f"(model states + activations + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
+    png = result["lr_schedule_png"]
+    lines.append(f"\nLR schedule plot: {png}" if png else "\nLR schedule plot: none (the step count is not known)")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ They run after the pure recipe validation and report every problem they find at 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from typing import Any, Callable
@@ -17,10 +18,12 @@ from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.network import hub_is_reachable
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe import Recipe, apply_values, read_recipe, validate_recipe
-from hf_tune.model.loading import model_class
+from hf_tune.model.meta import config_model_class, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.sources import OFFLINE_MODEL_FIX, looks_like_local_path
 from hf_tune.training_args import build_training_arguments
+
+logger = logging.getLogger(__name__)
 
 
 def load_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str] | None = None) -> Recipe:
@@ -51,6 +54,10 @@ def _check_model_source(recipe: Recipe) -> None:
     if is_embedded(name):
         locate_embedded(name)
     elif not looks_like_local_path(name) and not m.gguf_file and not _available_offline(name, m.revision):
+        if shipped_config_path(name) and not (m.revision or m.subfolder):
+            logger.warning("%s: the Hub is unreachable and the model is not in the local cache; validate and plan "
+                           "read hf_tune's copy of its config.json, training needs its files", name)
+            return
         raise RecipeError("model.pretrained_model_name_or_path", f"the Hub is unreachable and {name!r} is not in "
                           "the local Hub cache", fix=OFFLINE_MODEL_FIX)
 
@@ -87,7 +94,7 @@ def _check_fsdp(recipe: Recipe) -> None:
         return
     from torch import nn
 
-    cls = model_class(recipe)
+    cls = config_model_class(recipe)
     module = sys.modules[cls.__module__]
     blocks = {name for name, obj in vars(module).items() if isinstance(obj, type) and issubclass(obj, nn.Module)}
     for name in config[key] if isinstance(config[key], list) else [config[key]]:
