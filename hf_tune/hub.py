@@ -32,10 +32,7 @@ QUANTIZED_DTYPES = ("nf4", "fp4", "int4", "int8", "4bit", "8bit")  # --dtype val
 
 
 def _run_task(run_dir: Path) -> Task:
-    import yaml
-
-    recipe = run_dir / run_folder.RECIPE
-    return task_of(yaml.safe_load(recipe.read_text())["model"].get("task") if recipe.is_file() else None)
+    return task_of(_recipe_model(run_dir).get("task"))
 
 
 def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "float32", check: bool = False) -> dict:
@@ -47,6 +44,7 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
     from transformers import AutoTokenizer
 
     from hf_tune.errors import HfTuneError
+    from hf_tune.model.merge import write_merged_shards
 
     run_dir = Path(run_dir)
     if not (run_dir / run_folder.ADAPTER_CONFIG).is_file():
@@ -62,47 +60,104 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {sorted(MERGE_CHECK_TOLERANCE)}")
     out = Path(out) if out else run_dir / run_folder.MERGED
     task = _run_task(run_dir)
-    causal = task.causal
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
-    samples = _sample_inputs(tokenizer, causal)
+    samples = _sample_inputs(tokenizer, task.causal)
     tolerance = MERGE_CHECK_TOLERANCE[dtype]
-    if quantization:
-        reference, merged, compute_tolerance = _merge_quantized(run_dir, task, quantization, samples, check)
-        tolerance = max(tolerance, compute_tolerance)
-        merged = merged.to(getattr(torch, dtype))
+    result = {"merged_dir": str(out), "dtype": dtype}
+    plan = None if quantization else _shard_plan(run_dir, task, len(tokenizer))
+    if plan is not None:  # the reference first, freed before the merge: one model in memory at a time
+        reference = _reference_logits(run_dir, task, samples) if check else None
+        result["streamed"] = write_merged_shards(plan, out, dtype)
     else:
-        head = {"num_labels": task.num_labels} if task.num_labels else {}  # a reward model's one score
-        model = task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32, **head).eval()
-        with torch.no_grad():
-            reference = model(**samples).logits if check else None
-        merged = model.merge_and_unload().to(getattr(torch, dtype))
-    merged.save_pretrained(out)
+        if quantization:
+            reference, merged, compute_tolerance = _merge_quantized(run_dir, task, quantization, samples, check)
+            tolerance = max(tolerance, compute_tolerance)
+        else:
+            reference, merged = _merge_with_peft(run_dir, task, samples, check)
+        merged.to(getattr(torch, dtype)).save_pretrained(out)
+        del merged
     tokenizer.save_pretrained(out)
     for name in (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS):
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, out / name)
-    result = {"merged_dir": str(out), "dtype": dtype}
     if check:
-        reloaded = task.model_class.from_pretrained(
-            out, dtype=torch.float32).eval()
-        with torch.no_grad():
-            diff = (reloaded(**samples).logits - reference).abs().max().item()
-        relative = diff / max(reference.abs().max().item(), 1e-12)
-        result.update(max_abs_logit_diff=diff, relative_diff=relative, tolerance=tolerance)
-        if relative > tolerance:
-            raise HfTuneError(f"merge check failed: max |Δ logit| = {diff:.3g} ({relative:.2e} of the largest logit) "
-                              f"exceeds the {dtype} tolerance {tolerance:g}")
+        result.update(_check_merged(out, task, samples, reference, dtype, tolerance))
     if quantization:
         result["dequantized_from"] = quantization
     return result
 
 
-def _run_quantization(run_dir: Path) -> dict | None:
+def _recipe_model(run_dir: Path) -> dict:
+    """The run's recipe ``model`` section ({} for a folder without recipe.yaml)."""
     import yaml
 
     recipe = run_dir / run_folder.RECIPE
-    return (yaml.safe_load(recipe.read_text())["model"].get("quantization_config") or None) if recipe.is_file() \
-        else None
+    return yaml.safe_load(recipe.read_text())["model"] if recipe.is_file() else {}
+
+
+def _run_quantization(run_dir: Path) -> dict | None:
+    return _recipe_model(run_dir).get("quantization_config") or None
+
+
+def _shard_plan(run_dir: Path, task: Task, vocab_size: int):
+    """The merge by shard's plan (hf_tune.model.merge), or None, with the reason logged, where PEFT's whole-model
+    merge must run instead: another task, a GGUF or .bin base, a LoRA variant (DoRA, modules_to_save, ...)."""
+    from hf_tune.model.merge import CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas
+
+    model = _recipe_model(run_dir)
+    base = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+    try:
+        if not task.causal:
+            raise CannotStream(f"model.task {task.name}: its head is built by PEFT")
+        if model.get("gguf_file"):
+            raise CannotStream(f"model.gguf_file {model['gguf_file']}: the base is a GGUF file, not safetensors")
+        deltas = read_lora_deltas(run_dir)
+        folder = base_checkpoint_folder(base, model.get("revision"), model.get("subfolder"), model.get("cache_dir"))
+        return plan_shard_merge(folder, deltas, task.model_class, bool(model.get("trust_remote_code")), vocab_size)
+    except CannotStream as reason:
+        logger.warning("Merging through PEFT, which loads base + adapter whole in float32: %s", reason)
+        return None
+
+
+def _peft_model(run_dir: Path, task: Task):
+    import torch
+
+    head = {"num_labels": task.num_labels} if task.num_labels else {}  # a reward model's one score
+    return task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32, **head).eval()
+
+
+def _reference_logits(run_dir: Path, task: Task, samples):
+    """Logits of base + adapter (float32) on the sample inputs; the model is freed on return."""
+    import torch
+
+    with torch.no_grad():
+        return _peft_model(run_dir, task)(**samples).logits
+
+
+def _merge_with_peft(run_dir: Path, task: Task, samples, check: bool):
+    """(reference logits or None, merged model): PEFT's merge_and_unload of the whole model in float32."""
+    import torch
+
+    model = _peft_model(run_dir, task)
+    with torch.no_grad():
+        reference = model(**samples).logits if check else None
+    return reference, model.merge_and_unload()
+
+
+def _check_merged(out: Path, task: Task, samples, reference, dtype: str, tolerance: float) -> dict:
+    """Compare the saved model's logits (reloaded in float32) with the reference; fail beyond the tolerance."""
+    import torch
+
+    from hf_tune.errors import HfTuneError
+
+    reloaded = task.model_class.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        diff = (reloaded(**samples).logits - reference).abs().max().item()
+    relative = diff / max(reference.abs().max().item(), 1e-12)
+    if relative > tolerance:
+        raise HfTuneError(f"merge check failed: max |Δ logit| = {diff:.3g} ({relative:.2e} of the largest logit) "
+                          f"exceeds the {dtype} tolerance {tolerance:g}")
+    return {"max_abs_logit_diff": diff, "relative_diff": relative, "tolerance": tolerance}
 
 
 def _merge_quantized(run_dir: Path, task: Task, quantization: dict, samples, check: bool):
