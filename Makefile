@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean-runs
+.PHONY: setup demo test test-gpu bench clean-runs
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the GPU suite (tests/gpu, marker gpu): skipped where CUDA is unavailable
+test-gpu: setup
+	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m pip install -q -e ".[bench]"
