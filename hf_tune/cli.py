@@ -114,17 +114,21 @@ def _promote(args) -> None:
 def _chat(args) -> None:
     from hf_tune.chat import load_trained, reply
 
-    model, tokenizer = load_trained(args.run_dir)
+    model, tokenizer = load_trained(args.run_dir, device=args.device, dtype=args.dtype)
+    print(f"{args.run_dir} on {model.device} in {model.dtype}", file=sys.stderr)
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "seed": args.seed, "stream": True}
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt:
         messages.append({"role": "user", "content": args.prompt})
-        print(f"user: {args.prompt}\nassistant: {reply(model, tokenizer, messages, args.max_new_tokens)}")
+        print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
+        reply(model, tokenizer, messages, **sampling)
         return
     print("Type a message (empty line or Ctrl-D to quit).")
     while text := _read("you> "):
         messages.append({"role": "user", "content": text})
-        messages.append({"role": "assistant", "content": reply(model, tokenizer, messages, args.max_new_tokens)})
-        print(f"model> {messages[-1]['content']}")
+        print("model> ", end="", flush=True)
+        messages.append({"role": "assistant", "content": reply(model, tokenizer, messages, **sampling)})
 
 
 def _read(prompt: str) -> str | None:
@@ -167,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("run_dir")
     v.add_argument("--out", default=None, help="default: RUN_DIR/merged")
     v.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
-                   "dequantized to it)")
-    v.add_argument("--check", action="store_true", help="compare merged logits with base + adapter")
+                   "dequantized to it); the merge streams the base's safetensors shard by shard")
+    v.add_argument("--check", action="store_true", help="compare merged logits with base + adapter (one model "
+                   "in memory at a time)")
     v.set_defaults(func=_merge)
 
     v = verbs.add_parser("push", help="upload a run (adapter, or --merged model) with a model card to the Hub")
@@ -208,6 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--prompt", help="one message, answered once (default: interactive)")
     v.add_argument("--system", help="a system message")
     v.add_argument("--max-new-tokens", type=int, default=128)
+    v.add_argument("--device", default=None, help="default: cuda if available, else mps, else cpu")
+    v.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
+                   help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype")
+    v.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled")
+    v.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature above 0)")
+    v.add_argument("--seed", type=int, default=None, help="makes sampled replies repeatable")
     v.set_defaults(func=_chat)
 
     for verb in verbs.choices.values():  # `hf-tune validate R --debug` as well as `hf-tune --debug validate R`
