@@ -9,6 +9,7 @@ from datasets import Dataset
 from transformers import DataCollatorWithPadding
 
 from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
+from hf_tune.model.loading import model_config
 from hf_tune.tasks import task_of
 from hf_tune.data.classification import label_names, tokenize_classification
 from hf_tune.data.loading import load_raw_datasets, load_source
@@ -99,16 +100,18 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
     causal = task_of(recipe.model.task).causal
     if not causal:
         return DataCollatorWithPadding(tokenizer)
+    config = model_config(recipe) if model_class is not None else None  # its layer kinds, for the packing probe
     attention = attn_implementation or recipe.model.attn_implementation or default_attn_implementation(
-        causal, model_class)
+        causal, model_class, config)
     apart = runs_examples_apart(attention)
     padding_free = recipe.data.padding_free
     if padding_free is None:
         # Flash attention and sdpa_varlen (the default) run each flattened example on its own. Plain SDPA and eager
         # compute the whole flattened row's scores under a block mask, which costs more than the little padding
-        # left in length-grouped packs (measured: docs/speed.md), so packs stay padded there.
-        padding_free = (model_class is not None and supports_padding_free(model_class)
-                        and (apart or not recipe.data.batch_tokens))
+        # left in length-grouped packs (measured: docs/speed.md), so packs stay padded there. Either way, only
+        # where a tiny model of the architecture gave each flattened example its own logits (packing_probe).
+        padding_free = (model_class is not None and (apart or not recipe.data.batch_tokens)
+                        and supports_padding_free(model_class, attention, config))
     trained_only = (recipe.model.logits_to_keep == "trained" and model_class is not None
                     and "logits_to_keep" in inspect.signature(model_class.forward).parameters)
     return CausalLMCollator(tokenizer, padding_free, trained_only, example_boundaries=apart and padding_free)

@@ -10,7 +10,7 @@ it saves (measured: docs/speed.md), so packs would stay padded there.
 into a right-padded ``[examples, heads, longest, head_dim]`` batch, runs one causal SDPA call (with right padding the
 causal mask already hides the pad keys from every real query, so no mask is needed) and gathers the real positions
 back. Only attention sees padding, and only up to the longest example of the step. Register it with
-``attn_implementation: sdpa_varlen`` (the default for causal LMs on transformers' attention interface); whenever a
+``attn_implementation: sdpa_varlen`` (the default for causal LMs where the packing probe proved it exact); whenever a
 forward carries no flattened-row boundaries (padded batches, evaluation, generation), or has a sliding window shorter
 than its longest example, or a softcap, it is transformers' own SDPA attention with transformers' own SDPA masks.
 """
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
+
+from hf_tune.model.packing_probe import probe_padding_free
 
 NAME = "sdpa_varlen"
 # Upstream's SDPA attention and mask functions, from transformers' registries (not from their module paths).
@@ -86,15 +88,30 @@ def _layout(starts: torch.Tensor, longest: int | None, tokens: int) -> tuple[tor
     return gather, scatter, examples, longest
 
 
-def supports_padding_free(model_class: type) -> bool:
-    """Models on transformers' attention interface build their masks with ``masking_utils``, which turns restarting
-    ``position_ids`` into per-example attention; older architectures would attend across the flattened examples."""
-    return bool(getattr(model_class, "_supports_attention_backend", False))
+def supports_padding_free(model_class: type, attn_implementation: str | None = NAME, config=None) -> bool:
+    """Whether flattened examples give each example its own logits on ``model_class`` under
+    ``attn_implementation``: proved once per process by a tiny random model of the architecture (``config``'s layer
+    kinds, else its config class's defaults) run packed and alone (``hf_tune.model.packing_probe``). Hybrid models
+    whose convolution or state-space layers mix the examples fail it; a model off transformers' attention
+    interface (no masks from restarting ``position_ids``) is not tried."""
+    if not getattr(model_class, "_supports_attention_backend", False):
+        return False
+    probed = probed_attention(attn_implementation)
+    return probe_padding_free(model_class, probed, runs_examples_apart(probed), config).packs
 
 
-def default_attn_implementation(causal: bool, model_class: type | None) -> str | None:
-    """``sdpa_varlen`` for causal LMs on transformers' attention interface, else None (transformers chooses)."""
-    return NAME if causal and model_class is not None and supports_padding_free(model_class) else None
+def probed_attention(attn_implementation: str | None) -> str:
+    """The attention the CPU probe runs for the run's: varlen kernels that need a GPU (flash attention, Hub kernels)
+    run each example from ``cu_seq_lens_*`` as ``sdpa_varlen`` does; any other one masks as transformers' SDPA."""
+    if attn_implementation in (NAME, "sdpa", "eager"):
+        return attn_implementation
+    return NAME if runs_examples_apart(attn_implementation) else "sdpa"
+
+
+def default_attn_implementation(causal: bool, model_class: type | None, config=None) -> str | None:
+    """``sdpa_varlen`` for causal LMs where the probe proved flattened examples exact under it (``config``: the
+    model's, whose layer kinds the probe keeps), else None (transformers chooses)."""
+    return NAME if causal and model_class is not None and supports_padding_free(model_class, NAME, config) else None
 
 
 def loaded_attn_implementation(model) -> str | None:

@@ -71,7 +71,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         drop_gguf_quantizer(model)
         # The one place the attention is decided; the collator reads the model's choice (loaded_attn_implementation)
         if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
-                and default_attn_implementation(task.causal, type(model)) == SDPA_VARLEN):
+                and default_attn_implementation(task.causal, type(model), model.config) == SDPA_VARLEN):
             _choose_attention(model, recipe)  # flash attention on a GPU where installed, else sdpa_varlen
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
@@ -162,12 +162,16 @@ def model_class(recipe: Recipe, model=None) -> type:
     if model is not None:
         model = model.get_base_model() if hasattr(model, "get_base_model") else model
         return type(model)
+    return task_of(recipe.model.task).model_class._model_mapping[type(model_config(recipe))]
+
+
+def model_config(recipe: Recipe):
+    """The model's config, read from the recipe's model files (no weight is read)."""
     from transformers import AutoConfig
 
     m = recipe.model
-    config = _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
-                              **_source_kwargs(m))
-    return task_of(m.task).model_class._model_mapping[type(config)]
+    return _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
+                            **_source_kwargs(m))
 
 
 def _source_kwargs(m) -> dict:
