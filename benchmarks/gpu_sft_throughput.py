@@ -59,7 +59,8 @@ def build_model_folder(folder: Path, layers: int, hidden: int) -> None:
     heads = hidden // 128
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=4 if heads % 4 == 0 else heads,
+                         num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=4 if heads % 4 == 0 else heads,
                          max_position_embeddings=4096, tie_word_embeddings=True,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)

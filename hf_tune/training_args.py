@@ -81,8 +81,8 @@ def computes_in_half_precision(recipe: Recipe) -> bool:
 def _deepspeed_sets_precision(kwargs: dict) -> bool:
     """The DeepSpeed config enables or disables fp16 / bf16 itself (anything but "auto")."""
     config = kwargs.get("deepspeed")
-    return isinstance(config, dict) and any(
-        isinstance(config.get(kind), dict) and config[kind].get("enabled", "auto") != "auto" for kind in ("fp16", "bf16"))
+    blocks = [config.get(kind) for kind in ("fp16", "bf16")] if isinstance(config, dict) else []
+    return any(isinstance(block, dict) and block.get("enabled", "auto") != "auto" for block in blocks)
 
 
 def _cuda_facts() -> tuple[bool, bool]:
