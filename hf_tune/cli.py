@@ -33,6 +33,17 @@ def _plan(args) -> None:
     print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
 
 
+def _init(args) -> None:
+    from hf_tune.init_recipe import write_recipe
+
+    out = args.out or f"{args.model.rsplit('/', 1)[-1].lower()}-{args.gpus}x{args.gpu_memory:g}gb.yaml"
+    choice = write_recipe(args.model, out, gpus=args.gpus, gpu_memory_gb=args.gpu_memory, tuning=args.tuning,
+                          setup=args.setup, max_length=args.max_length, data=args.data)
+    print(f"wrote {out}: {choice.tuning}, {choice.setup}, activation checkpointing "
+          f"{'on' if choice.checkpointing else 'off'}, packs of {choice.tokens:,} tokens x {choice.accumulation} "
+          f"accumulated; estimated peak {choice.peak / 2**30:.1f} GB per GPU of {args.gpu_memory:g} GB")
+
+
 def _cv(args) -> None:
     from hf_tune.cv import cross_validate
     from hf_tune.preflight import load_recipe
@@ -162,6 +173,19 @@ def main(argv: list[str] | None = None) -> None:
     v = recipe_verb("search", _search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)")
     v.add_argument("--dashboard", action="store_true",
                    help="first print how to open optuna-dashboard on the study's storage (pip install 'hf_tune[dashboard]')")
+
+    v = verbs.add_parser("init", help="write a recipe for MODEL whose plan fits the machine (each choice commented)")
+    v.add_argument("model", help="a Hub id, local folder or embedded: name (its config is read, no weight)")
+    v.add_argument("--gpus", type=int, default=1, help="GPUs the run uses (default 1)")
+    v.add_argument("--gpu-memory", type=float, default=80, help="GB of memory per GPU (default 80)")
+    v.add_argument("--tuning", default="auto", choices=["auto", "full", "lora", "qlora"],
+                   help="default: the fastest that fits (full for models under 2B parameters, then LoRA, then QLoRA)")
+    v.add_argument("--setup", default="auto", choices=["auto", "ddp", "zero2", "zero3"],
+                   help="distribution (default: the fastest that fits: DDP, then ZeRO-2, then ZeRO-3)")
+    v.add_argument("--max-length", type=int, default=4096, help="longest example in tokens (data.max_length)")
+    v.add_argument("--data", default="data/train.jsonl", help="chat data (JSONL of messages) for data.train.path")
+    v.add_argument("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)")
+    v.set_defaults(func=_init)
 
     v = verbs.add_parser("report", help="plot a run's loss, learning rates and eval metrics into PNG files")
     v.add_argument("run_dir")

@@ -92,7 +92,8 @@ def quantized_weight_memory(model: nn.Module, config: dict) -> dict[str, int]:
             stored += quantized[id(param)]
         else:
             stored += param.numel() * param.element_size()
-            widest = max(widest, param.element_size())
+            if not param.requires_grad:  # the base's width, not float32 adapters'
+                widest = max(widest, param.element_size())
     return {"bytes": stored, "params": params, "full_precision_bytes": params * (widest or 4)}
 
 

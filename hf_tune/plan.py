@@ -136,7 +136,9 @@ def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
         result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
     result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
     tokens = micro_batch_tokens(recipe, args)
-    checkpointing = bool(args.gradient_checkpointing or recipe.training.get("activation_checkpointing"))
+    fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
+    checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
+                        for key in ("activation_checkpointing", "gradient_checkpointing"))
     activations = activation_memory(model.config, tokens, checkpointing, lora_r=(recipe.lora or {}).get("r", 0))
     setup = recipe_setup(recipe.training)
     result["activations"] = {"bytes": activations, "tokens": tokens, "checkpointing": checkpointing}

@@ -48,9 +48,9 @@ def load_model_config(recipe: Recipe):
         return AutoConfig.from_pretrained(str(shipped))
 
 
-def config_model_class(recipe: Recipe) -> type:
+def config_model_class(recipe: Recipe, config=None) -> type:
     """The class ``from_pretrained`` will build for the recipe's task, from the model's config alone."""
-    config = load_model_config(recipe)
+    config = config or load_model_config(recipe)
     return task_of(recipe.model.task).model_class._model_mapping[type(config)]
 
 
@@ -73,8 +73,17 @@ def build_meta_model(recipe: Recipe, labels: list[str] | None = None):
     num_labels = task.num_labels or (len(labels) if labels else None) or recipe.model.num_labels
     if num_labels is not None:
         config.num_labels = num_labels
-    with torch.device("meta"):  # ties shared weights as on a real device (accelerate's init_empty_weights does not)
-        model = task.model_class.from_config(config, dtype=meta_dtype(recipe, config))
-        if recipe.lora is not None:
-            model = get_peft_model(model, LoraConfig(task_type=task.peft_task_type, **recipe.lora))
+    # The class itself, not from_config: under a ZeRO-3 config (the recipe's TrainingArguments) from_config would
+    # partition the model with deepspeed.zero.Init, which starts a process group. The default dtype is the one
+    # from_pretrained gives the weights; the meta device ties shared weights as a real one (init_empty_weights not).
+    cls, dtype = config_model_class(recipe, config), meta_dtype(recipe, config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+            if recipe.lora is not None:
+                model = get_peft_model(model, LoraConfig(task_type=task.peft_task_type, **recipe.lora))
+    finally:
+        torch.set_default_dtype(previous)
     return model
