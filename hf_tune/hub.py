@@ -105,14 +105,15 @@ def _shard_plan(run_dir: Path, task: Task, vocab_size: int):
     from hf_tune.model.merge import CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas
 
     model = _recipe_model(run_dir)
-    base = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+    adapter = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
+    base, revision = adapter.get("base_model_name_or_path") or "", model.get("revision") or adapter.get("revision")
     try:
         if not task.causal:
             raise CannotStream(f"model.task {task.name}: its head is built by PEFT")
         if model.get("gguf_file"):
             raise CannotStream(f"model.gguf_file {model['gguf_file']}: the base is a GGUF file, not safetensors")
         deltas = read_lora_deltas(run_dir)
-        folder = base_checkpoint_folder(base, model.get("revision"), model.get("subfolder"), model.get("cache_dir"))
+        folder = base_checkpoint_folder(base, revision, model.get("subfolder"), model.get("cache_dir"))
         return plan_shard_merge(folder, deltas, task.model_class, bool(model.get("trust_remote_code")), vocab_size)
     except CannotStream as reason:
         logger.warning("Merging through PEFT, which loads base + adapter whole in float32: %s", reason)

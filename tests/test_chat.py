@@ -1,4 +1,4 @@
-"""hf-tune chat: device, dtype, greedy and sampled replies, streamed output: SmolLM2 and a LoRA run of the tiny Llama."""
+"""hf-tune chat: device, dtype, greedy and sampled replies, streamed output (SmolLM2, a LoRA of the tiny Llama)."""
 
 from __future__ import annotations
 

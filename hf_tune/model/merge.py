@@ -20,7 +20,8 @@ FACTOR_SUFFIXES = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_embedding_A
 # adapter_config.json keys of LoRA variants whose merge is not W + scale * B @ A, or that train more than A and B
 VARIANT_KEYS = ("use_dora", "lora_bias", "trainable_token_indices", "modules_to_save", "layer_replication",
                 "target_parameters", "alora_invocation_tokens", "use_qalora", "alpha_pattern", "megatron_config",
-                "use_bdlora", "arrow_config", "kasa_config", "velora_config", "monteclora_config")
+                "use_bdlora", "arrow_config", "kasa_config", "velora_config", "monteclora_config",
+                "ensure_weight_tying")
 PLAIN_INITS = (True, False, "gaussian")  # pissa, olora, corda, eva, loftq, lora_ga may rewrite the base weights
 BASE_WEIGHT = "base_layer.weight"  # an embedding layer's weight saved with the adapter; PEFT loads it over the base's
 INDEX = "model.safetensors.index.json"
