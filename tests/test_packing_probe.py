@@ -35,12 +35,12 @@ def assert_flattened_examples_equal_each_alone(model_class: type, config) -> Non
     batch.pop("labels")
     with torch.no_grad():
         row = model(**batch).logits[0]
-        start = 0
-        for ids in examples:
-            alone = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-            torch.testing.assert_close(row[start:start + len(ids)], alone, rtol=1e-4, atol=1e-5,
-                                       msg=lambda m: f"{model_class.__name__}: {m}")
-            start += len(ids)
+        alone = [model(input_ids=torch.tensor([ids]), use_cache=False).logits[0] for ids in examples]
+    scale = max(float(logits.abs().max()) for logits in alone)  # float32 noise grows with the logits and the depth
+    for i, expected in enumerate(alone):
+        start = sum(LENGTHS[:i])
+        torch.testing.assert_close(row[start:start + LENGTHS[i]], expected, rtol=0, atol=1e-4 * scale,
+                                   msg=lambda m: f"{model_class.__name__}, example {i}: {m}")
 
 
 def lfm2_config(layer_types: list[str], vocab_size: int = 1000):
@@ -133,9 +133,14 @@ def test_every_causal_lm_claiming_the_attention_backend_is_probed_and_each_packi
 
     findings, left_out = survey()
     print(table(findings, left_out))  # the record, with -s
-    for finding in findings:
-        if finding.packs:
-            assert_flattened_examples_equal_each_alone(finding.model_class, finding.config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: faster on one thread
+    try:
+        for finding in findings:
+            if finding.packs:
+                assert_flattened_examples_equal_each_alone(finding.model_class, finding.config)
+    finally:
+        torch.set_num_threads(threads)
     verdicts = {(f.model_type, f.layout): f for f in findings}
     for model_type in ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"):
         assert verdicts[model_type, "defaults"].packs, verdicts[model_type, "defaults"].reason

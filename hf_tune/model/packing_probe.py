@@ -22,7 +22,7 @@ from transformers import DataCollatorWithFlattening
 logger = logging.getLogger(__name__)
 
 LENGTHS = (11, 7)  # the two probe examples: the second starts where the first one's state would leak in
-RELATIVE_TOLERANCE = 1e-4  # largest |packed - alone| over the largest |logit|; float32 noise is ~1e-6
+RELATIVE_TOLERANCE = 1e-4  # largest |packed - alone| over the largest |logit|; float32 noise measured < 1e-5
 # Weights drawn 5x wider than the usual 0.02: with the usual init a convolution's gated output is so small that a
 # hybrid's leak stays near 1e-4 of the logits; at 0.1 leaks measured 1e-2 to 1 and float32 noise under 1e-5.
 INITIALIZER_RANGE = 0.1
@@ -39,7 +39,8 @@ SMALL_SIZES = {
     "qk_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16, "index_n_heads": 2, "rotary_dim": 8,
     "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 8, "ssm_state_size": 16,
     "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-    "lru_width": 64, "kv_channels": 16, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 16, "router_hidden_size": 32, "embedding_size": 64, "block_multiple_of": 16,
+    "lru_width": 64, "kv_channels": 16, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 16,
+    "router_hidden_size": 32, "embedding_size": 64, "block_multiple_of": 16,
 }
 # Attributes whose integer names a layer-count-dependent pattern: with one, the depth is kept as declared.
 PATTERN_WORDS = ("period", "interval", "offset", "step", "every", "freq", "replace", "first_k")
@@ -48,7 +49,7 @@ PATTERN_WORDS = ("period", "interval", "offset", "step", "every", "freq", "repla
 @dataclasses.dataclass(frozen=True)
 class ProbeResult:
     """The verdict: ``packs`` where the flattened row gave each example's own logits; ``reason`` says why not, or
-    how close they were; ``seconds`` the probe's own time (0 for a cached verdict)."""
+    how close they were; ``seconds`` how long the probe took when it ran."""
 
     packs: bool
     reason: str
@@ -94,10 +95,11 @@ def _remember(key, model_class: type, attn_implementation: str, result: ProbeRes
 def _run_probe(model_class: type, tiny, attn_implementation: str, example_boundaries: bool) -> ProbeResult:
     """Build the tiny model and compare packed and alone: seeded without touching the caller's random state, on
     one thread (tiny matmuls: thread hand-offs would cost more than the work)."""
-    threads = torch.get_num_threads()
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)  # whatever default the caller set (a bf16 plan, a meta-device build)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             torch.manual_seed(0)
             try:
                 model = model_class(tiny).float().eval()
@@ -112,6 +114,7 @@ def _run_probe(model_class: type, tiny, attn_implementation: str, example_bounda
                 return ProbeResult(False, f"the flattened row does not run: {type(error).__name__}: {error}"[:300])
     finally:
         torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
     return compare(packed, alone)
 
 
@@ -185,8 +188,10 @@ def shrink(values: dict, fewer_layers: bool = True) -> dict:
     for name, small in SMALL_SIZES.items():
         if isinstance(values.get(name), int) and not isinstance(values[name], bool):
             values[name] = min(values[name], small)
-    if isinstance(kv_heads, int) and kv_heads == heads:  # multi-head attention stays multi-head
-        values["num_key_value_heads"] = values["num_attention_heads"]
+    if isinstance(kv_heads, int) and kv_heads == heads or "num_key_value_heads" in values and kv_heads is None:
+        values["num_key_value_heads"] = values["num_attention_heads"]  # multi-head attention stays multi-head
+    if "head_dim" in values and values["head_dim"] is None and isinstance(values.get("hidden_size"), int):
+        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]  # a default left to the model
     if isinstance(values.get("initializer_range"), float):
         values["initializer_range"] = INITIALIZER_RANGE
     if isinstance(values.get("qk_rope_head_dim"), int):  # multi-head latent attention: rotary dims are the head's
