@@ -60,6 +60,8 @@ def _train(run: Run, resume: str | None, started: str):
             f"ones this recipe builds ({err})\n  fix: restore the keys that decide which parameters share a group "
             "(weight_decay zero or not, optim.layerwise_lr_decay, optim.head_lr, optim.no_decay, lora); learning "
             "rates and weight decay values may change on resume, the grouping may not") from None
+    if trainer.is_fsdp_enabled:  # Trainer.save_model writes nothing from a sharded state dict (the checkpoints' type)
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model()  # adapter (LoRA) or full model, plus the tokenizer and its chat template
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
