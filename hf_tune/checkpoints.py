@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_tune import run_folder
-from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
 
 logger = logging.getLogger(__name__)
 MARKER = run_folder.CHECKPOINT_MARKER
@@ -116,4 +116,6 @@ class CheckpointMarker(TrainerCallback):
 
 
 class NonFiniteLoss(HfTuneError):
-    """Raised when a training step's loss is NaN or infinite."""
+    """Raised when a training step's loss is NaN or infinite; the CLI exits with status 3 (a diverged run)."""
+
+    exit_code = EXIT_DIVERGED

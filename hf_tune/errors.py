@@ -11,9 +11,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+EXIT_FAILURE = 1  # any other failure: an unexpected exception (its traceback is printed), Python's own status
+EXIT_USAGE = 2  # a usage or recipe error (HfTuneError, RecipeError): argparse's status for a bad command line too
+EXIT_DIVERGED = 3  # the run diverged: a training loss was NaN or infinite (NonFiniteLoss)
+
 
 class HfTuneError(Exception):
-    """A problem with the user's input or environment, reported as one clear message."""
+    """A problem with the user's input or environment, reported as one clear message; the CLI exits with
+    ``exit_code`` (a subclass for another kind of failure sets its own)."""
+
+    exit_code: int = EXIT_USAGE
 
 
 class RecipeError(HfTuneError):

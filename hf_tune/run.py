@@ -62,8 +62,9 @@ def configure_logging() -> None:
 
 @contextlib.contextmanager
 def user_errors(debug: bool):
-    """Print an HfTuneError as one message and exit 2; ``--debug`` shows the traceback instead, down to the library
-    error it wraps (a stage wraps what it raised with ``raise ... from err``: see hf_tune.errors)."""
+    """Print an HfTuneError as one message and exit with its ``exit_code`` (2: usage or recipe error, 3: the run
+    diverged; see hf_tune.errors); ``--debug`` shows the traceback instead, down to the library error it wraps (a
+    stage wraps what it raised with ``raise ... from err``)."""
     try:
         yield
     except HfTuneError as err:
@@ -72,7 +73,7 @@ def user_errors(debug: bool):
         print(f"hf_tune: error: {err}", file=sys.stderr)
         if err.__cause__ is not None:
             print("  (--debug shows the traceback)", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(err.exit_code) from None
 
 
 def main(argv: list[str] | None = None) -> None:

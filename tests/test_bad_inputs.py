@@ -249,3 +249,27 @@ def test_a_data_error_leaves_no_run_folder_under_a_tracker_either(tiny_llama_dir
         main([*arguments("chat_messages_string", tiny_llama_dir, out), "training.report_to=[tensorboard, wandb]"])
     assert "hf_tune: error: data.train: " in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_diverged_run_exits_with_its_own_status(tiny_llama_dir, tmp_path, capsys):
+    """Exit statuses (docs/runs.md): 2 for a usage or recipe error, 3 for a run whose loss went NaN."""
+    from conftest import chat_recipe, nan_model, write_recipe
+
+    broken = nan_model(tiny_llama_dir, tmp_path / "nan-model")
+    recipe = write_recipe(tmp_path / "nan.yaml", chat_recipe(broken, tmp_path / "run"))
+    with pytest.raises(SystemExit) as exited:
+        main([str(recipe)])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 3
+    assert "hf_tune: error: training stopped: the loss at step 1 is nan" in stderr and "Traceback" not in stderr
+
+
+def test_a_bad_command_line_and_a_bad_recipe_exit_2(tmp_path):
+    from hf_tune.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["validate"])  # no recipe: argparse's usage error
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["validate", str(tmp_path / "no_such_recipe.yaml")])
+    assert exited.value.code == 2
