@@ -204,3 +204,21 @@ def test_an_integration_that_is_not_installed_is_refused_with_its_extra(override
     with pytest.raises(RecipeError) as info:
         load_recipe(GOOD, [override])
     assert info.value.key == key and f"hf_tune[{package}]" in info.value.fix
+
+
+def test_top_level_keys_method_and_rewards_take_overrides():
+    recipe = load_recipe(REPO / "recipes/llm_dpo.yaml", ["method=kto"])
+    assert recipe.method == "kto"
+    grpo = load_recipe(REPO / "recipes/llm_grpo.yaml", ["rewards.0.weight=2.5"])
+    assert grpo.rewards[0] == {"name": "exact_answer", "column": "answer", "weight": 2.5}
+    grpo = load_recipe(REPO / "recipes/llm_grpo.yaml", ["rewards=[{name: format_regex, pattern: 'x'}]"])
+    assert grpo.rewards == [{"name": "format_regex", "pattern": "x"}]
+    with pytest.raises(RecipeError) as info:
+        load_recipe(REPO / "recipes/llm_grpo.yaml", ["rewards.5.weight=2"])
+    assert info.value.key == "rewards.5.weight" and "0 to 1" in info.value.fix
+    with pytest.raises(RecipeError) as info:
+        load_recipe(REPO / "recipes/llm_dpo.yaml", ["method=dpoo"])
+    assert info.value.key == "method"
+    for bad in ("learning_rate=1e-4", "model=x"):
+        with pytest.raises(HfTuneError, match="section.key=value"):
+            apply_overrides({}, [bad])
