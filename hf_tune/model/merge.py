@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,11 @@ VARIANT_KEYS = ("use_dora", "lora_bias", "trainable_token_indices", "modules_to_
 PLAIN_INITS = (True, False, "gaussian")  # pissa, olora, corda, eva, loftq, lora_ga may rewrite the base weights
 BASE_WEIGHT = "base_layer.weight"  # an embedding layer's weight saved with the adapter; PEFT loads it over the base's
 INDEX = "model.safetensors.index.json"
+# the floating dtypes a merge casts to --dtype, as torch and safetensors name them (others, e.g. int buffers, are kept)
+CAST = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
+SAFETENSORS_DTYPES, FLOATS = CAST, set(CAST.values())
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 class CannotStream(Exception):
@@ -163,10 +169,10 @@ def plan_shard_merge(folder: Path, deltas: dict[str, LoraDelta], model_class: ty
 
 
 def write_merged_shards(plan: ShardMerge, out: Path, dtype: str) -> dict:
-    """Write the merged model to ``out``: one shard per base shard (read, merged, written, freed), the index, the
-    config (its dtype, and untied embeddings where the adapter changed one of them) and the generation config."""
+    """Write the merged model to ``out``: one shard per base shard, each written tensor by tensor (read, merged,
+    written, freed), the index, the config (its dtype, and untied embeddings where the adapter changed one of them)
+    and the generation config."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     target = getattr(torch, dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,17 +184,15 @@ def write_merged_shards(plan: ShardMerge, out: Path, dtype: str) -> dict:
     copy = plan.untie if plan.untie and plan.untie[1] not in plan.present else None  # (input, output) weight names
     weight_map, total = {}, 0
     for shard, name in zip(plan.shards, files):
-        tensors = {}
         with safe_open(plan.folder / shard, framework="pt") as f:
+            entries = []  # (name written, name read, shape, safetensors dtype written)
             for key in f.keys():
-                tensor = f.get_tensor(key)
-                tensors[key] = _merged(tensor, plan, key, target)
-                if copy and key == copy[0]:
-                    tensors[copy[1]] = _merged(tensor, plan, copy[1], target)
-        save_file(tensors, out / name, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-        del tensors
+                kind = f.get_slice(key).get_dtype()
+                entry = (list(f.get_slice(key).get_shape()), SAFETENSORS_DTYPES[target] if kind in FLOATS else kind)
+                entries += [(key, key, *entry)] + ([(copy[1], key, *entry)] if copy and key == copy[0] else [])
+            total += _write_safetensors(out / name, entries, lambda written, read: _merged(
+                f.get_tensor(read), plan, written, target))
+        weight_map.update({written: name for written, *_ in entries})
     if count > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -196,10 +200,31 @@ def write_merged_shards(plan: ShardMerge, out: Path, dtype: str) -> dict:
     return {"shards": count, "bytes": total, "merged_tensors": len(plan.deltas), "untied_embeddings": bool(plan.untie)}
 
 
+def _write_safetensors(path: Path, entries: list[tuple], tensor_of) -> int:
+    """Write a safetensors file one tensor at a time: the header first (every shape and dtype is known from the base's
+    headers), then each tensor's bytes as ``tensor_of(name written, name read)`` makes them. safetensors' own
+    save_file needs every tensor of the file in memory at once. Returns the bytes of tensor data written."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for written, _, shape, kind in entries:
+        size = math.prod(shape) * DTYPE_BYTES[kind]
+        header[written] = {"dtype": kind, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format aligns the data to 8 bytes
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(raw)) + raw)
+        for written, read, shape, kind in entries:
+            tensor = tensor_of(written, read).contiguous()
+            if list(tensor.shape) != shape or tensor.element_size() != DTYPE_BYTES[kind]:
+                raise RuntimeError(f"{written}: {tensor.dtype} {list(tensor.shape)}, its header says {kind} {shape}")
+            file.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return offset
+
+
 def _merged(tensor: torch.Tensor, plan: ShardMerge, key: str, target: torch.dtype) -> torch.Tensor:
     delta = plan.deltas.get(key)
     if delta is None:
-        return tensor.to(target) if tensor.is_floating_point() else tensor
+        return tensor.to(target) if tensor.dtype in CAST else tensor
     base = tensor if delta.base is None else delta.base  # PEFT loads a saved base weight over the checkpoint's
     return (base.float() + delta.weight(key in plan.transposed)).to(target)
 
