@@ -154,7 +154,9 @@ def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: f
             f"{choice.tokens * choice.accumulation * gpus:,} tokens an optimizer step",
             "# attention, bf16 and Liger kernels: hf_tune decides on the GPU it runs on (see README, GPU quick start)"]
     parts = ["\n".join(head)] + [block(section) for section in recipe]
-    return "\n".join(parts)
+    liger = ("  # use_liger_kernel: true  # on a GPU with `pip install liger-kernel`: fused kernels and a loss that never "
+             "holds the full logits (plan then counts none)\n")
+    return "\n".join(parts).replace("\noptim:", liger + "\noptim:")
 
 
 def write_recipe(model: str, out: str | Path, gpus: int = 1, gpu_memory_gb: float = 80, **options) -> Choice:

@@ -139,7 +139,9 @@ def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
     fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
     checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
                         for key in ("activation_checkpointing", "gradient_checkpointing"))
-    activations = activation_memory(model.config, tokens, checkpointing, lora_r=(recipe.lora or {}).get("r", 0))
+    fused_loss = bool(recipe.training.get("use_liger_kernel"))  # Liger's loss never holds the full logits
+    activations = activation_memory(model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
+                                    lora_r=(recipe.lora or {}).get("r", 0))
     setup = recipe_setup(recipe.training)
     result["activations"] = {"bytes": activations, "tokens": tokens, "checkpointing": checkpointing}
     result["setup"] = setup
