@@ -129,3 +129,16 @@ def test_the_activation_estimate_covers_what_autograd_keeps(checkpointing):
     assert measured <= estimate
     if not checkpointing:
         assert measured >= 0.6 * estimate
+
+
+def test_under_liger_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa: F811
+    """Liger's fused linear cross-entropy never holds the logits: 12 bytes (float32 logits, softmax, gradient) per
+    token and vocabulary entry less, and nothing else changes."""
+    from hf_tune import load_recipe
+    from hf_tune.plan import plan
+
+    path = REPO / "recipes/scale/gemma-3-1b-1x24gb.yaml"
+    plain = plan(load_recipe(path), out_dir=tmp_path)
+    liger = plan(load_recipe(path, ["training.use_liger_kernel=true"]), out_dir=tmp_path)
+    tokens = plain["activations"]["tokens"]
+    assert tokens == 4096 and plain["activations"]["bytes"] - liger["activations"]["bytes"] == 12 * tokens * 262_144
