@@ -113,7 +113,8 @@ def table(findings: list[Finding], left_out: list[tuple[str, str]]) -> str:
         "the default and are batches flattened; elsewhere they stay padded and the reason is logged. The verdict is "
         "kept for the process, per model class, transformers version, attention and shrunk config. It costs "
         "0.04-0.06 s for Llama, Qwen3, Mistral and Gemma 3 in a fresh process on this 2-core CPU, 0.5 s for "
-        "Qwen3-MoE (whose depth is kept: its sparse layers follow a step), at most 2 s here. Flash attention "
+        "Qwen3-MoE (whose depth is kept: its sparse layers follow a step), up to about 10 s (Gemma 3n, whose 35 "
+        "layers are kept). Flash attention "
         "and Hub kernels are probed as `sdpa_varlen`, which runs examples apart from the same `cu_seq_lens`. "
         "An explicit `data.padding_free: true` is obeyed as written.")
     found = (

@@ -33,9 +33,14 @@ def assert_flattened_examples_equal_each_alone(model_class: type, config) -> Non
     batch = CausalLMCollator(None, padding_free=True, trainable_logits_only=False, example_boundaries=True)(
         [{"input_ids": ids, "labels": ids} for ids in examples])
     batch.pop("labels")
-    with torch.no_grad():
-        row = model(**batch).logits[0]
-        alone = [model(input_ids=torch.tensor([ids]), use_cache=False).logits[0] for ids in examples]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: faster on one thread
+    try:
+        with torch.no_grad():
+            row = model(**batch).logits[0]
+            alone = [model(input_ids=torch.tensor([ids]), use_cache=False).logits[0] for ids in examples]
+    finally:
+        torch.set_num_threads(threads)
     scale = max(float(logits.abs().max()) for logits in alone)  # float32 noise grows with the logits and the depth
     for i, expected in enumerate(alone):
         start = sum(LENGTHS[:i])
@@ -133,14 +138,9 @@ def test_every_causal_lm_claiming_the_attention_backend_is_probed_and_each_packi
 
     findings, left_out = survey()
     print(table(findings, left_out))  # the record, with -s
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: faster on one thread
-    try:
-        for finding in findings:
-            if finding.packs:
-                assert_flattened_examples_equal_each_alone(finding.model_class, finding.config)
-    finally:
-        torch.set_num_threads(threads)
+    for finding in findings:
+        if finding.packs:
+            assert_flattened_examples_equal_each_alone(finding.model_class, finding.config)
     verdicts = {(f.model_type, f.layout): f for f in findings}
     for model_type in ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"):
         assert verdicts[model_type, "defaults"].packs, verdicts[model_type, "defaults"].reason

@@ -224,12 +224,13 @@ def _fewer_layers(values: dict) -> dict:
     depth = values.get(depth_name)
     if not isinstance(depth, int) or depth <= 2:
         return values
-    per_layer = {name: value for name, value in values.items() if isinstance(value, (list, str))
-                 and len(value) == depth and name != "architectures"
+    about_layers = {name: value for name, value in values.items()
+                    if any(word in name for word in ("layer", "block", "pattern")) and isinstance(value, (list, str))}
+    per_layer = {name: value for name, value in about_layers.items() if len(value) == depth
                  and all(isinstance(v, (str, int, float, bool)) for v in value)}
-    by_layer_index = [name for name, value in values.items() if name not in per_layer and "layer" in name and (
-        isinstance(value, list) and value and all(isinstance(v, int) for v in value)  # indices of some layers
-        or isinstance(value, dict) and value)]  # settings per layer index
+    by_layer_index = [name for name, value in values.items() if name not in per_layer and (
+        name in about_layers and value  # indices of some layers, or a pattern that repeats
+        or "layer" in name and isinstance(value, dict) and value)]  # settings per layer index
     derived = [name for name, value in values.items() if name != depth_name and isinstance(value, int)
                and not isinstance(value, bool) and ("layer" in name or any(w in name for w in PATTERN_WORDS))]
     if by_layer_index or (derived and not per_layer):
