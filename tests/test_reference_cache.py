@@ -1,0 +1,142 @@
+"""The reference log-probability cache (hf_tune/reference.py): keyed on the base's identity, not its local tensors,
+so that under 2-process DeepSpeed ZeRO-3 on CPU two bases of one architecture never share an entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, free_port
+from test_methods import conversational_pairs, method_recipe
+
+
+def tiny_llama(folder: Path, tokenizer, seed: int) -> str:
+    """A random 2-layer Llama (conftest's architecture) drawn with ``seed``: same names, shapes and dtypes."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def chosen_logps(base: str, rows: list[dict]) -> list[float]:
+    """Sum of log p(chosen token | everything before it) over each chosen completion, computed here with the base."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    sums = []
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row["prompt_ids"] + row["chosen_ids"]])
+            logps = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            targets = ids[0, 1:]
+            per_token = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            sums.append(per_token[len(row["prompt_ids"]) - 1:].sum().item())
+    return sums
+
+
+@pytest.mark.slow
+def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path, smol_tokenizer):
+    """One 2-process ZeRO-3 launch builds the DPO trainers of base A, base B (same architecture, other seed), then
+    A again: B computes its own reference from its own weights, A's second trainer reuses A's entry on both ranks."""
+    bases = {"a": tiny_llama(tmp_path / "base-a", smol_tokenizer, seed=1),
+             "b": tiny_llama(tmp_path / "base-b", smol_tokenizer, seed=2)}
+    data = conversational_pairs(tmp_path / "p.jsonl")
+    # every weight partitioned, none kept gathered after use: as on a 7B-70B model, where each rank holds shards only
+    zero3 = json.loads((REPO / "hf_tune" / "ds_configs" / "zero3.json").read_text())
+    zero3["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0,
+                                      stage3_max_reuse_distance=0)
+    (tmp_path / "zero3.json").write_text(json.dumps(zero3))
+    recipes = []
+    for run, base in (("a", "a"), ("b", "b"), ("a-again", "a")):
+        raw = method_recipe("dpo", bases[base], data, tmp_path / run, deepspeed=str(tmp_path / "zero3.json"),
+                             per_device_train_batch_size=1)
+        recipes.append(tmp_path / f"{run}.yaml")
+        recipes[-1].write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "HF_TUNE_CACHE": str(tmp_path / "cache"),
+           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             str(free_port()), str(REPO / "tests" / "reference_cache_probe.py"), *map(str, recipes),
+                             str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]
+    for a, b, a_again in ranks:
+        assert (a["hits"], b["hits"], a_again["hits"]) == (0, 0, 1)  # every rank took the main process's branch
+        got = {"a": [row["ref_chosen_logps"] for row in a["rows"]], "b": [row["ref_chosen_logps"] for row in b["rows"]]}
+        for name in ("a", "b"):  # each base's own log-probabilities, not the other's
+            assert got[name] == pytest.approx(chosen_logps(bases[name], a["rows"]), abs=1e-4)
+        assert [row["ref_chosen_logps"] for row in a_again["rows"]] == got["a"]
+    assert len(list((tmp_path / "cache" / "reference_logps").glob("*.parquet"))) == 2
+
+
+def test_equal_examples_have_one_digest_whatever_their_arrow_layout():
+    """Equal rows held in other chunks (a rank that read the map cache, another tokenizer object) share a key;
+    the Arrow IPC bytes hashed before differed for them."""
+    from datasets import Dataset, concatenate_datasets
+
+    from hf_tune.reference import examples_digest
+
+    rows = [{"prompt_ids": [1, 2, 3], "chosen_ids": [4], "text": "a"}, {"prompt_ids": [5], "chosen_ids": [6, 7],
+                                                                       "text": "b"}]
+    whole = Dataset.from_list(rows)
+    pieces = concatenate_datasets([Dataset.from_list(rows[:1]), Dataset.from_list(rows[1:])])
+    assert examples_digest(whole) == examples_digest(pieces)
+    assert examples_digest(whole) != examples_digest(Dataset.from_list([rows[0], {**rows[1], "chosen_ids": [6, 8]}]))
+    assert examples_digest(whole) != examples_digest(Dataset.from_list([{**rows[0], "prompt_ids": [1, 2]},
+                                                                        {**rows[1], "prompt_ids": [3, 5]}]))
+
+
+def test_a_file_is_hashed_once_and_a_hub_blob_by_its_name(tmp_path, monkeypatch):
+    import hashlib
+
+    from hf_tune.reference import file_sha256
+
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights one")
+    assert file_sha256(weights) == hashlib.sha256(b"weights one").hexdigest()
+    stat = weights.stat()
+    weights.write_bytes(b"weights two")  # same size and, restored below, same mtime: the kept hash is used
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert file_sha256(weights) == hashlib.sha256(b"weights one").hexdigest()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: hashed again
+    assert file_sha256(weights) == hashlib.sha256(b"weights two").hexdigest()
+    blob = tmp_path / "hub" / "blobs" / ("ab" * 32)
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"not read")
+    (tmp_path / "hub" / "model.safetensors").symlink_to(blob)
+    assert file_sha256(tmp_path / "hub" / "model.safetensors") == "ab" * 32
+
+
+def test_the_base_identity_follows_its_files_not_its_folder(tmp_path, smol_tokenizer, monkeypatch):
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_tune.reference import files_identity
+
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    folders = {seed: tiny_llama(tmp_path / f"seed{seed}", smol_tokenizer, seed) for seed in (1, 2)}
+    shutil.copytree(folders[1], tmp_path / "copy")
+    identity = {name: files_identity(AutoModelForCausalLM.from_pretrained(path))
+                for name, path in (("one", folders[1]), ("two", folders[2]), ("copy", tmp_path / "copy"))}
+    assert identity["one"].startswith("files:") and identity["one"] == identity["copy"] != identity["two"]
+    resized = AutoModelForCausalLM.from_pretrained(folders[1])
+    resized.resize_token_embeddings(len(smol_tokenizer) + 1)  # new rows drawn at random: not the files any more
+    assert files_identity(resized) is None
+    model = AutoModelForCausalLM.from_config(resized.config)  # built in memory: no files
+    assert files_identity(model) is None
