@@ -33,12 +33,11 @@ def load_model_config(recipe: Recipe):
     id whose config ships with hf_tune, from that file: the one file a plan needs, which the weights never are."""
     from transformers import AutoConfig
 
-    from hf_tune.model.loading import _from_pretrained, _source_kwargs, resolve_model_path
+    from hf_tune.model.loading import model_config
 
     m = recipe.model
     try:
-        return _from_pretrained(AutoConfig, resolve_model_path(m.pretrained_model_name_or_path), recipe,
-                                **_source_kwargs(m))
+        return model_config(recipe)
     except RecipeError:
         shipped = shipped_config_path(m.pretrained_model_name_or_path)
         if shipped is None or m.revision or m.subfolder:
@@ -49,7 +48,8 @@ def load_model_config(recipe: Recipe):
 
 
 def config_model_class(recipe: Recipe, config=None) -> type:
-    """The class ``from_pretrained`` will build for the recipe's task, from the model's config alone."""
+    """The class ``from_pretrained`` will build for the recipe's task, from the model's config alone (the shipped
+    one when the model's files are out of reach)."""
     config = config or load_model_config(recipe)
     return task_of(recipe.model.task).model_class._model_mapping[type(config)]
 
