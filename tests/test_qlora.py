@@ -62,12 +62,79 @@ def test_full_fine_tune_of_a_4bit_base_is_refused_naming_both_keys(tmp_path, tin
     assert message.startswith("model.quantization_config.load_in_4bit:") and "lora section" in message
 
 
-def test_zero3_with_a_4bit_base_is_refused_naming_both_keys(tmp_path, tiny_llama_dir):
+SHARDED = {"deepspeed": "zero3"}, {"fsdp": "full_shard auto_wrap"}
+
+
+@pytest.mark.parametrize("sharding", SHARDED, ids=["zero3", "fsdp"])
+def test_a_sharded_4bit_base_needs_its_quant_storage_equal_to_the_model_dtype(tmp_path, tiny_llama_dir, sharding):
+    """PEFT's ZeRO-3 / FSDP QLoRA: the packed 4-bit weights stored in the model's float dtype are sharded like any
+    other parameter; the default uint8 storage, or another dtype than the model's, is refused naming the key."""
+    for storage, dtype in ((None, "bfloat16"), ("bfloat16", "float32"), ("bfloat16", None), ("uint8", "bfloat16")):
+        raw = qlora_recipe(tiny_llama_dir, tmp_path, {**NF4, "bnb_4bit_quant_storage": storage}, **sharding)
+        raw["model"]["dtype"] = dtype
+        with pytest.raises(HfTuneError) as info:
+            load_recipe(raw)
+        message = str(info.value)
+        assert message.startswith("model.quantization_config.bnb_4bit_quant_storage:"), message
+        assert f"training.{next(iter(sharding))}" in message and "to model.dtype" in message
+    raw = qlora_recipe(tiny_llama_dir, tmp_path, {**NF4, "bnb_4bit_quant_storage": "bfloat16"}, **sharding)
+    raw["model"]["dtype"] = "bfloat16"
+    assert load_recipe(raw).model.quantization_config["bnb_4bit_quant_storage"] == "bfloat16"
+
+
+def test_a_sharded_8bit_base_is_refused_naming_both_keys(tmp_path, tiny_llama_dir):
     with pytest.raises(HfTuneError) as info:
-        load_recipe(qlora_recipe(tiny_llama_dir, tmp_path, deepspeed="zero3"))
+        load_recipe(qlora_recipe(tiny_llama_dir, tmp_path, {"load_in_8bit": True}, deepspeed="zero3"))
     message = str(info.value)
-    assert message.startswith("training.deepspeed:") and "model.quantization_config.load_in_4bit" in message
-    assert load_recipe(qlora_recipe(tiny_llama_dir, tmp_path, deepspeed="zero2")).model.quantization_config
+    assert message.startswith("training.deepspeed:") and "model.quantization_config.load_in_8bit" in message
+    assert load_recipe(qlora_recipe(tiny_llama_dir, tmp_path, {"load_in_8bit": True}, deepspeed="zero2"))
+
+
+@pytest.mark.slow
+def test_two_process_zero3_qlora_partitions_the_4bit_weights_and_saves_a_reloadable_adapter(tmp_path, tiny_llama_dir):
+    """ZeRO-3 QLoRA as PEFT documents it (bnb_4bit_quant_storage = model.dtype), on CPU with gloo: DeepSpeed shards
+    each packed 4-bit weight over the 2 ranks, the loss stays finite, and the adapter reloads onto a 4-bit base."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from conftest import free_port
+    from hf_tune.model.quantization import bitsandbytes_config, keep_weight_layout
+
+    stored = {**NF4, "bnb_4bit_quant_storage": "float32"}  # the CPU's model dtype; bfloat16 on a GPU
+    raw = qlora_recipe(tiny_llama_dir, tmp_path / "run", stored, max_steps=3, deepspeed="zero3", learning_rate=1e-2)
+    raw["model"]["dtype"] = "float32"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
+                             str(free_port()), str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
+                             str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]
+    for report in ranks:
+        assert report["engine"] == "DeepSpeedEngine" and len(report["weights"]) == 2 * 7
+        for name, weight in report["weights"].items():  # each rank holds half of every packed weight
+            assert weight["dtype"] == "torch.float32" and weight["shard"] == -(-weight["full"] // 2), name
+        assert len(report["losses"]) == 3 and all(math_finite(loss) for loss in report["losses"])
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+
+    adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    assert len(adapter) == 2 * 7 * 2 and all(t.numel() > 0 for t in adapter.values())
+    assert all(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)  # B starts at 0: it trained
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, quantization_config=bitsandbytes_config(stored),
+                                                dtype=torch.float32)
+    keep_weight_layout(base)
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 2]])
+    before = logits_of(base, ids)
+    reloaded = PeftModel.from_pretrained(base, tmp_path / "run").eval()
+    after = logits_of(reloaded, ids)
+    assert torch.isfinite(after).all() and not torch.allclose(after, before)
 
 
 @pytest.mark.parametrize("token", ["hf_" + "a" * 34, True])

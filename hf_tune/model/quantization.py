@@ -48,15 +48,34 @@ def keep_weight_layout(model) -> int:
     return layers
 
 
+def stored_for_sharding(model) -> bool:
+    """The 4-bit weights are stored in a float dtype (``bnb_4bit_quant_storage``, as ZeRO-3 and FSDP QLoRA need) and
+    the run is distributed (ZeRO-3 set up, or several processes): the base is to be sharded in that one dtype."""
+    import os
+
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    stored = any(type(p).__name__ == "Params4bit" and p.dtype.is_floating_point for p in model.parameters())
+    return stored and (is_deepspeed_zero3_enabled() or int(os.environ.get("WORLD_SIZE", "1")) > 1)
+
+
 def prepare_for_lora(model, gradient_checkpointing: bool, gradient_checkpointing_kwargs: dict | None = None):
     """PEFT's ``prepare_model_for_kbit_training``: the base frozen, its non-quantized 16-bit parameters (norms,
     embeddings) cast to float32, inputs that require grad. Gradient checkpointing follows
-    ``training.gradient_checkpointing`` (upstream's helper turns it on by default)."""
+    ``training.gradient_checkpointing`` (upstream's helper turns it on by default). A base stored for sharding keeps
+    its one dtype (no float32 cast: ZeRO-3 and FSDP flatten parameters of one dtype), as TRL does for sharded QLoRA;
+    a single process casts as before."""
     from peft import prepare_model_for_kbit_training
 
     keep_weight_layout(model)
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                           gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+    if not stored_for_sharding(model):
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                               gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+    model.requires_grad_(False)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+        model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
+    return model
 
 
 def describe(config: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """Checks of ``model.quantization_config`` (``transformers.BitsAndBytesConfig`` arguments, verbatim) and of the
-combinations a quantized base cannot train in. Pure: reads the recipe (and the DeepSpeed JSON it names)."""
+combinations a quantized base cannot train in. A 4-bit base trains sharded (ZeRO-3, FSDP) as PEFT documents it:
+``bnb_4bit_quant_storage`` equal to ``model.dtype``. Pure: reads the recipe (and the DeepSpeed JSON it names)."""
 
 from __future__ import annotations
 
@@ -72,12 +73,35 @@ def _check_combinations(recipe: Recipe, bits: int) -> None:
                           "have no gradients (Trainer refuses it after the model loads)",
                           fix="add a lora section (QLoRA: e.g. lora: {r: 16, target_modules: all-linear}), or remove "
                           f"{KEY} to fine-tune the full-precision model")
+    sharded = _weight_sharding(recipe)
+    if sharded is None:
+        return
+    key, what = sharded
+    if bits == 8:
+        raise RecipeError(key, f"is {what} with {flag}: it partitions the weights, and an 8-bit base cannot be "
+                          "partitioned (PEFT shards 4-bit bases only, through bnb_4bit_quant_storage)",
+                          fix=f"set {KEY}: {{load_in_4bit: true, bnb_4bit_quant_storage: <model.dtype>}} (QLoRA "
+                          f"sharded), or use ZeRO-2 (training.deepspeed: zero2) with the 8-bit base")
+    storage = str(recipe.model.quantization_config.get("bnb_4bit_quant_storage") or "uint8").removeprefix("torch.")
+    dtype = recipe.model.dtype
+    if storage not in DTYPES or storage != dtype:
+        target = dtype if dtype in DTYPES else "bfloat16"
+        raise RecipeError(f"{KEY}.bnb_4bit_quant_storage", f"is {storage!r} and model.dtype is {dtype!r}, with {key} "
+                          f"({what}): the 4-bit weights are sharded only when stored in the model's float dtype, "
+                          "so that every parameter has one dtype (PEFT's ZeRO-3 / FSDP QLoRA)",
+                          fix=f"set {KEY}.bnb_4bit_quant_storage to model.dtype (e.g. both {target}: "
+                          f"model.dtype={target} {KEY}.bnb_4bit_quant_storage={target})")
+
+
+def _weight_sharding(recipe: Recipe) -> tuple[str, str] | None:
+    """(key, what) when the recipe shards the weights over ranks: DeepSpeed ZeRO-3 or FSDP; else None."""
     deepspeed = recipe.training.get("deepspeed")
     if deepspeed:
         from hf_tune.ds_config import load_deepspeed_config
 
-        stage = (load_deepspeed_config(deepspeed).get("zero_optimization") or {}).get("stage")
-        if stage == 3:
-            raise RecipeError("training.deepspeed", f"is ZeRO-3 ({deepspeed!r}) with {flag}: ZeRO-3 partitions the "
-                              "weights, and bitsandbytes' quantized weights cannot be partitioned",
-                              fix=f"use ZeRO-2 (training.deepspeed: zero2) with the quantized base, or remove {KEY}")
+        if (load_deepspeed_config(deepspeed).get("zero_optimization") or {}).get("stage") == 3:
+            return "training.deepspeed", f"ZeRO-3 ({deepspeed!r})"
+    fsdp = recipe.training.get("fsdp")
+    if fsdp and "no_shard" not in str(fsdp):
+        return "training.fsdp", f"FSDP ({fsdp!r})"
+    return None
