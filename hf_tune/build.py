@@ -37,7 +37,7 @@ def build_data(recipe: Recipe, tokenizer, args: TrainingArguments) -> TrainingDa
 def build_method_data(recipe: Recipe, args: TrainingArguments) -> TrainingData:
     """A TRL method's examples in TRL's layout (its trainer tokenizes them), checked row by row."""
     with args.main_process_first(desc="reading datasets"):
-        train, evaluation = load_method_data(recipe.data, recipe.method, data_seed(recipe))
+        train, evaluation = load_method_data(recipe.data, recipe.method, data_seed(recipe), recipe.rewards)
     return TrainingData(train, evaluation, labels=None)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +92,34 @@ def reward_spec(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
         raise RecipeError(key, f"unknown reward {name!r}: shipped ones are {', '.join(SHIPPED)}, or give "
                           "'module:function'", fix=f"did you mean '{close[0]}'?" if close else None)
     return name, kwargs
+
+
+def reward_columns(entry: Any, index: int) -> list[str]:
+    """The dataset columns one ``rewards`` entry reads: ``column`` of exact_answer; the parameters of a
+    ``module:function`` reward that neither have a default nor are given in the entry (imported to read them)."""
+    name, kwargs = reward_spec(entry, index)
+    if name == "exact_answer":
+        return [str(kwargs.get("column", "answer"))]
+    if name in SHIPPED:
+        return []
+    skipped = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments",
+               *kwargs}
+    parameters = inspect.signature(_import(name, index)).parameters.values()
+    return [p.name for p in parameters if p.name not in skipped and p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+
+
+def check_reward_columns(entries: list[Any], columns: list[str], where: str) -> None:
+    """Each reward's columns are in the data (``where`` names it), so a missing one is refused as the data loads,
+    before the model, not as a KeyError at the first step."""
+    for index, entry in enumerate(entries):
+        missing = [column for column in reward_columns(entry, index) if column not in columns]
+        if missing:
+            name = reward_spec(entry, index)[0]
+            fix = (f"set rewards[{index}].column to the data's answer column, or add {missing[0]!r} to the data"
+                   if name == "exact_answer" else f"add {missing} to the data, or give the function a default")
+            raise RecipeError(f"rewards[{index}]", f"reward {name!r} reads the column(s) {missing}, which {where} "
+                              f"lacks: it has {columns}", fix=fix)
 
 
 def build_reward_funcs(entries: list[Any]) -> list[Callable[..., list[float]]]:

@@ -4,6 +4,8 @@ traceback, no run folder. A corpus recipe whose model is ``tiny-llama`` gets the
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from hf_tune.errors import RecipeError
 from hf_tune.methods import METHODS
 from hf_tune.recipe.schema import SECTIONS
 from hf_tune.run import main
+from hf_tune.sources import LOCAL_DATA_SUFFIXES
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 
@@ -68,7 +71,7 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "classification_eval_broken": "data.eval",
     "training_optim_unknown": "training.optim",
     "training_scheduler_unknown": "training.lr_scheduler_type",
-    "training_load_best_mismatch": "training.load_best_model_at_end",
+    "training_load_best_mismatch": "training.save_strategy",
     "training_negative_lr": "training.learning_rate",
     "training_unknown_key": "training.learning_rat",
     "training_eval_without_data": "training.eval_strategy",
@@ -93,6 +96,56 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "preference_missing_rejected": "data.train",
     "kto_label_not_boolean": "data.train",
     "profile_unknown_key": "profile.activ",
+    # issue 29: the methods wave (DPO, KTO, reward and GRPO data, rewards, quantization, search, mixtures, columns)
+    "dpo_prompt_null": "data.train",
+    "dpo_chosen_empty": "data.train",
+    "dpo_no_shared_prompt": "data.train",
+    "dpo_llamafactory_unknown_from": "data.train",
+    "kto_missing_label": "data.train",
+    "kto_messages_end_with_user": "data.train",
+    "kto_completion_empty": "data.train",
+    "reward_model_same_answers": "data.train",
+    "reward_model_wrong_columns": "data.train",
+    "grpo_prompt_empty": "data.train",
+    "grpo_chat_data": "data.train",
+    "grpo_num_generations_zero": "training.num_generations",
+    "grpo_batch_not_whole_groups": "training.per_device_train_batch_size",
+    "grpo_eval_batch_not_whole_groups": "training.per_device_eval_batch_size",
+    "grpo_generation_batch_and_steps": "training.generation_batch_size",
+    "reward_column_missing": "rewards[1]",
+    "reward_unknown_name": "rewards[0]",
+    "reward_regex_missing_pattern": "rewards[0]",
+    "reward_regex_invalid": "rewards[0].pattern",
+    "reward_extract_unknown": "rewards[0].extract",
+    "reward_not_importable": "rewards[0]",
+    "reward_entry_not_mapping": "rewards[0]",
+    "rewards_with_dpo": "rewards",
+    "quantization_unknown_key": "model.quantization_config.bnb_4bit_quant",
+    "quantization_4_and_8_bit": "model.quantization_config.load_in_4bit",
+    "quantization_nothing": "model.quantization_config",
+    "quantization_quant_type": "model.quantization_config.bnb_4bit_quant_type",
+    "quantization_compute_dtype": "model.quantization_config.bnb_4bit_compute_dtype",
+    "search_backend_unknown": "search.backend",
+    "search_metric_never_produced": "search.metric",
+    "search_cv_not_classification": "search.cv",
+    "search_wilcoxon_without_cv": "search.pruner",
+    "search_optuna_with_dpo": "search.backend",
+    "mixture_weight_and_epochs": "data.train[0].weight",
+    "mixture_missing_weight": "data.train[1].weight",
+    "mixture_empty": "data.train",
+    "mixture_with_dpo": "data.train",
+    "mixture_source_format": "data.train[1].format",
+    "columns_unknown_column": "data.train.columns",
+    "columns_two_to_one": "data.train.columns",
+    "text_binary_txt": "data.train",
+    "text_empty_txt": "data.train",
+    "chat_empty_json": "data.train",
+    "dpo_binary_json": "data.train",
+    "dpo_not_parquet": "data.train",
+    "kto_empty_csv": "data.train",
+    "grpo_empty_parquet": "data.train",
+    "model_flash_attention_missing": "model.attn_implementation",
+    "training_save_steps_not_multiple": "training.save_steps",
 }
 
 EXPECTED_TEXT = {  # what the message says besides the key: where in the file, and what was expected
@@ -138,6 +191,43 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
                                           "equals 'chosen'"],
     "preference_missing_rejected": ["missing ['rejected']"],
     "kto_label_not_boolean": ["line 2 (example 2 of 2), column 'label': expected true (desirable) or false, got 'bad'"],
+    "training_load_best_mismatch": ["is 'no' and training.eval_strategy is 'steps'", "remove training.load_best_model_at_end"],
+    "dpo_prompt_null": ["data/dpo_prompt_null.jsonl, line 2 (example 2 of 2), column 'prompt': is missing"],
+    "dpo_chosen_empty": ["line 2 (example 2 of 2), column 'chosen': the answer is empty"],
+    "dpo_no_shared_prompt": ["'chosen' and 'rejected' share no prompt"],
+    "dpo_llamafactory_unknown_from": ["data/dpo_llamafactory_bad_from.json, example 2 of 2, column 'conversations': "
+                                      "turn 1: expected {from: one of"],
+    "kto_missing_label": ["missing ['label']", "LLaMA-Factory's 'messages'"],
+    "kto_messages_end_with_user": ["data/kto_messages_end_with_user.json, example 2 of 2, column 'messages': the last "
+                                   "message has role 'user'"],
+    "kto_completion_empty": ["line 2 (example 2 of 2), column 'completion': the completion is empty"],
+    "reward_model_same_answers": ["column 'rejected': equals 'chosen'"],
+    "reward_model_wrong_columns": ["missing ['chosen', 'rejected']", "chat_demo.jsonl has ['messages']"],
+    "grpo_prompt_empty": ["line 2 (example 2 of 2), column 'prompt': the prompt is empty"],
+    "grpo_chat_data": ["format 'prompt_only' needs columns ['prompt']"],
+    "grpo_num_generations_zero": ["is 0: GRPO compares at least 2 completions", "fix: set training.num_generations"],
+    "grpo_batch_not_whole_groups": ["a generation batch of 3 completions", "num_generations (2)",
+                                    "per_device_train_batch_size=4"],
+    "grpo_eval_batch_not_whole_groups": ["the eval batch of 3 completions", "groups of 2 generations"],
+    "reward_column_missing": ["reward 'exact_answer' reads the column(s) ['answer'], which data.train "
+                              "(data/grpo_no_answer.jsonl) lacks: it has ['prompt']", "rewards[1].column"],
+    "reward_unknown_name": ["did you mean 'exact_answer'?"],
+    "reward_not_importable": ["cannot import 'no_such_module_xyz:score'"],
+    "quantization_unknown_key": ["did you mean 'bnb_4bit_quant_type'?"],
+    "search_metric_never_produced": ["'eval_accuracy' is never produced"],
+    "mixture_weight_and_epochs": ["is set together with epochs"],
+    "columns_unknown_column": ["has no column 'body'"],
+    "text_binary_txt": ["data/binary.txt: line 1, column 1: not UTF-8 text"],
+    "text_empty_txt": ["data/empty.txt: the file is empty"],
+    "chat_empty_json": ["data/empty.json: the file is empty"],
+    "dpo_binary_json": ["data/binary.json: line 1, column 1: not UTF-8 text"],
+    "dpo_not_parquet": ["data/not_parquet.parquet: not a Parquet file"],
+    "kto_empty_csv": ["data/empty.csv: the file is empty"],
+    "grpo_empty_parquet": ["data/empty.parquet: not a Parquet file"],
+    "model_flash_attention_missing": ["the flash_attn package is not installed",
+                                      "pip install flash-attn --no-build-isolation"],
+    "training_save_steps_not_multiple": ["(15) is not a multiple of training.eval_steps (10)",
+                                         "set training.save_steps to a multiple of 10 (e.g. 20)"],
 }
 
 CLI_CASES = ["lora_r_zero", "chat_broken_line", "training_optim_unknown"]  # also run as `python -m hf_tune.run`
@@ -153,6 +243,8 @@ def arguments(case: str, tiny_llama_dir: str, out: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", sorted(EXPECTED_KEY))
 def test_bad_input_is_one_message_naming_its_key(case, tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    if case == "model_flash_attention_missing" and importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here")
     monkeypatch.chdir(CORPUS)  # the corpus recipes name their data files relative to it
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exited:
@@ -189,16 +281,20 @@ def test_debug_raises_the_error_chained_to_the_library_error(tiny_llama_dir, tmp
 
 def test_the_corpus_covers_every_section_and_every_data_format():
     cases = {path.stem for path in CORPUS.glob("*.yaml")}
-    assert cases == set(EXPECTED_KEY) and len(cases) >= 40
-    assert {key.split(".")[0] for key in EXPECTED_KEY.values()} == set(SECTIONS)
+    assert cases == set(EXPECTED_KEY) and len(cases) >= 105  # 75 before issue 29, 30 more at least
+    assert {re.split(r"[.\[]", key)[0] for key in EXPECTED_KEY.values()} == set(SECTIONS)
     recipes = [yaml.safe_load((CORPUS / f"{c}.yaml").read_text()) for c, key in EXPECTED_KEY.items()
                if key in ("data.train", "data.eval")]
     data_cases = [r["data"] for r in recipes]
     formats = {r["data"].get("format") or METHODS[r.get("method", "sft")].formats[0] for r in recipes}
     assert formats == {"chat", "instruction", "prompt_completion", "text", "classification", "preference",
-                       "unpaired_preference"}
-    sharegpt = [d for d in data_cases if "sharegpt" in d["train"]["path"]]
+                       "unpaired_preference", "prompt_only"}
+    sharegpt = [d for d in data_cases if isinstance(d["train"], dict) and "sharegpt" in d["train"]["path"]]
     assert sharegpt  # chat data in both shapes: messages and ShareGPT conversations
+    paths = [d["train"]["path"] for d in data_cases if isinstance(d["train"], dict)]
+    for suffix in LOCAL_DATA_SUFFIXES:  # an unreadable file (binary, empty, broken) of every extension we read
+        assert any(p.endswith(suffix) and Path(CORPUS, p).stat().st_size == 0 or "binary" in p or "broken" in p
+                   or "not_parquet" in p for p in paths if p.endswith(suffix)), suffix
 
 
 # When TrainingArguments refuses a value, the error is about one key: the one to name.

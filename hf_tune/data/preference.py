@@ -5,6 +5,7 @@
                        LLaMA-Factory: ShareGPT `conversations` (+ `system`) with `chosen` / `rejected` messages
                        ({from, value}), or `instruction` (+ `input`) with `chosen` / `rejected` strings
   unpaired_preference  prompt, completion, label (true: desirable)       (KTO; a preference set is unpaired for it)
+                       LLaMA-Factory: `messages` ending in the assistant's answer (the completion), and `label`
   prompt_only          prompt: a string or messages; other columns (an `answer`) go to the reward functions (GRPO)
 
 Each layout becomes TRL's own (conversational where the data is), so TRL's trainers apply the chat template.
@@ -20,28 +21,32 @@ from hf_tune.data.loading import describe_source, line_of_row, load_source, loca
 from hf_tune.data.messages import SHAREGPT_ROLES
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import DataSection, DatasetSource
+from hf_tune.rewards import check_reward_columns
 
 FORMAT_HELP = {
     "preference": "'prompt', 'chosen' and 'rejected' (strings or lists of {role, content} messages); or only "
                   "'chosen' and 'rejected' conversations; or LLaMA-Factory's 'conversations' with 'chosen' / "
                   "'rejected' messages",
-    "unpaired_preference": "'prompt', 'completion' (strings or messages) and a boolean 'label' (true: desirable)",
+    "unpaired_preference": "'prompt', 'completion' (strings or messages) and a boolean 'label' (true: desirable); "
+                           "or LLaMA-Factory's 'messages' ending in the assistant's answer, and 'label'",
     "prompt_only": "a 'prompt' (a string or a list of {role, content} messages), plus the columns the rewards read",
 }
 
 
-def load_method_data(data: DataSection, method: str, seed: int) -> tuple[Dataset, Dataset | None]:
-    """Train and eval examples of a TRL method in TRL's layout; ``eval_split`` holds out a seeded fraction."""
-    train = _load(data.train, "data.train", data.format, method)
+def load_method_data(data: DataSection, method: str, seed: int, rewards: list | None = None
+                     ) -> tuple[Dataset, Dataset | None]:
+    """Train and eval examples of a TRL method in TRL's layout; ``eval_split`` holds out a seeded fraction.
+    ``rewards``: GRPO's reward entries, whose columns each file must have."""
+    train = _load(data.train, "data.train", data.format, method, rewards or [])
     if data.eval is not None:
-        return train, _load(data.eval, "data.eval", data.format, method)
+        return train, _load(data.eval, "data.eval", data.format, method, rewards or [])
     if data.eval_split:
         parts = train.train_test_split(test_size=data.eval_split, seed=seed)
         return parts["train"], parts["test"]
     return train, None
 
 
-def _load(source: DatasetSource, key: str, format: str, method: str) -> Dataset:
+def _load(source: DatasetSource, key: str, format: str, method: str, rewards: list) -> Dataset:
     dataset = load_source(source, key)
     files = local_files(source)
     where = describe_source(source)
@@ -55,6 +60,7 @@ def _load(source: DatasetSource, key: str, format: str, method: str) -> Dataset:
 
     normalize = _NORMALIZE[format]
     _check_columns(dataset.column_names, format, key, where)
+    check_reward_columns(rewards, dataset.column_names, f"{key} ({where})")
     for row, example in enumerate(dataset):  # every row checked first, so the error names the first bad one
         try:
             normalize(example)
@@ -77,12 +83,14 @@ def _normalized(example: dict[str, Any], format: str) -> dict[str, Any]:
 
 
 _READ = {"preference": ("prompt", "chosen", "rejected", "conversations", "system", "instruction", "input"),
-         "unpaired_preference": ("prompt", "completion", "label"), "prompt_only": ("prompt",)}
+         "unpaired_preference": ("prompt", "completion", "label", "messages"), "prompt_only": ("prompt",)}
 
 
 def _check_columns(columns: list[str], format: str, key: str, where: str) -> None:
     needed = {"preference": ("chosen", "rejected"), "unpaired_preference": ("prompt", "completion", "label"),
               "prompt_only": ("prompt",)}[format]
+    if format == "unpaired_preference" and "messages" in columns and "prompt" not in columns:
+        needed = ("messages", "label")  # LLaMA-Factory's KTO layout
     missing = [c for c in needed if c not in columns]
     if missing:
         raise RecipeError(key, f"format '{format}' needs columns {list(needed)}; missing {missing}, {where} has "
@@ -129,8 +137,11 @@ def _preference_row(example: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
-    prompt = _text_or_messages(example["prompt"], "prompt")
-    completion = _text_or_messages(example["completion"], "completion")
+    if example.get("prompt") is None and "messages" in example:  # LLaMA-Factory: the last turn is the completion
+        prompt, completion = _split_last_answer(example["messages"])
+    else:
+        prompt = _text_or_messages(example["prompt"], "prompt")
+        completion = _text_or_messages(example["completion"], "completion")
     if isinstance(prompt, list) and isinstance(completion, str):
         completion = _as_reply(completion)
     if not _text(completion).strip():
@@ -138,6 +149,18 @@ def _unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(example["label"], bool):
         raise _BadRow("label", f"expected true (desirable) or false, got {example['label']!r}")
     return {"prompt": prompt, "completion": completion, "label": example["label"]}
+
+
+def _split_last_answer(value: Any) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(prompt, completion) of a conversation ending in the assistant's answer."""
+    messages = _text_or_messages(value, "messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        raise _BadRow("messages", "expected a conversation of at least two messages: the prompt, then the "
+                                  "assistant's answer")
+    if messages[-1]["role"] != "assistant":
+        raise _BadRow("messages", f"the last message has role {messages[-1]['role']!r}: the last message is the "
+                                  "completion, so it must be the assistant's answer")
+    return messages[:-1], messages[-1:]
 
 
 def _prompt_row(example: dict[str, Any]) -> dict[str, Any]:
