@@ -493,3 +493,81 @@ def test_reward_model_on_the_shipped_pairs_ranks_held_out_pairs_better_than_untr
     trainer.train()
     after = accuracy()
     assert after >= before + 0.2, (before, after)
+
+
+# --- issue 29: LLaMA-Factory's KTO layout, GRPO's batch against the world size, reward columns at data load -------
+
+def llamafactory_kto(path: Path) -> Path:
+    """LLaMA-Factory's KTO layout: ``messages`` ending in the assistant's answer, and a boolean ``label``."""
+    rows = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": answer}], "label": label}
+            for p, c, r in PAIRS for answer, label in ((c, True), (r, False))]
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_llamafactory_kto_layout_reads_as_prompt_completion_label(tmp_path):
+    rows = load_pairs(llamafactory_kto(tmp_path / "kto.json"), "kto")
+    expected = [({"role": "user", "content": p}, answer, label) for p, c, r in PAIRS
+                for answer, label in ((c, True), (r, False))]
+    assert [(row["prompt"], row["completion"], row["label"]) for row in rows] == \
+           [([user], [{"role": "assistant", "content": answer}], label) for user, answer, label in expected]
+
+
+def test_kto_trains_on_the_llamafactory_layout_with_the_closed_form_loss(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    raw = method_recipe("kto", tiny_llama_dir, llamafactory_kto(tmp_path / "kto.json"), tmp_path / "run",
+                        per_device_train_batch_size=4, max_steps=1, learning_rate=1e-6, desirable_weight=1.0,
+                        undesirable_weight=1.0)
+    run = build_run(load_recipe(raw))
+    run.trainer.train()
+    assert logged(run.trainer, "loss")[0] == pytest.approx(1 - 1 / (1 + math.exp(0)), abs=1e-6)
+
+
+def test_grpo_generations_must_fill_the_batch_of_every_process(tmp_path, tiny_llama_dir, monkeypatch):
+    from hf_tune.recipe.schedule_checks import check_generations
+
+    prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "What is 1 + 1?", "answer": "2"}])
+    raw = method_recipe("grpo", tiny_llama_dir, prompts, tmp_path / "run", per_device_train_batch_size=2,
+                        num_generations=4)
+    raw["rewards"] = ["exact_answer"]
+    with pytest.raises(RecipeError) as refused:
+        read_recipe(raw)  # this launch: one process holds 2 completions, half a group of 4
+    assert refused.value.key == "training.per_device_train_batch_size" and "2 per device x 1 process" in str(refused.value)
+    recipe = read_recipe({**raw, "training": {**raw["training"], "gradient_accumulation_steps": 2}})
+    check_generations(recipe, world_size=1)  # 2 per device x 2 steps per generation = one group of 4
+    recipe = read_recipe({**raw, "training": {**raw["training"], "per_device_train_batch_size": 4}})
+    for world_size in (1, 2, 3):
+        check_generations(recipe, world_size)
+    six = {**raw, "training": {**raw["training"], "per_device_train_batch_size": 6}}
+    with pytest.raises(RecipeError, match="6 per device x 1 process"):
+        read_recipe(six)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it: 12 completions, 3 groups of 4
+    check_generations(read_recipe(six), world_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(RecipeError, match="6 per device x 3 process"):
+        read_recipe(six)
+
+
+def test_a_custom_rewards_columns_are_checked_when_the_data_loads(tmp_path, tiny_llama_dir):
+    from hf_tune.data.preference import load_method_data
+
+    (tmp_path / "graded_rewards.py").write_text(
+        "def by_difficulty(prompts, completions, difficulty, scale=1.0, **columns):\n"
+        "    return [scale * float(d) for d in difficulty]\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "What is 1 + 1?", "answer": "2"}] * 2)
+        raw = method_recipe("grpo", tiny_llama_dir, prompts, tmp_path / "run", per_device_train_batch_size=2,
+                            num_generations=2)
+        raw["rewards"] = ["exact_answer", "graded_rewards:by_difficulty"]
+        recipe = read_recipe(raw)
+        with pytest.raises(RecipeError) as refused:
+            load_method_data(recipe.data, recipe.method, 0, recipe.rewards)
+        assert refused.value.key == "rewards[1]"
+        assert f"['difficulty'], which data.train ({prompts}) lacks: it has ['prompt', 'answer']" in str(refused.value)
+        graded = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "What is 1 + 1?", "answer": "2", "difficulty": 1}] * 2)
+        recipe = read_recipe({**raw, "data": {"train": {"path": str(graded)}}})
+        assert len(load_method_data(recipe.data, recipe.method, 0, recipe.rewards)[0]) == 2
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("graded_rewards", None)
