@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, free_port
+from conftest import REPO, chat_recipe, free_port
 from test_methods import conversational_pairs, method_recipe
 
 
@@ -140,3 +140,26 @@ def test_the_base_identity_follows_its_files_not_its_folder(tmp_path, smol_token
     assert files_identity(resized) is None
     model = AutoModelForCausalLM.from_config(resized.config)  # built in memory: no files
     assert files_identity(model) is None
+
+
+def test_a_hub_base_is_found_in_the_hub_cache_at_its_recorded_revision(tmp_path, tiny_llama_dir):
+    """The loader records where the weights came from; a Hub id resolves to the cached snapshot of that revision,
+    and its file is identified by the blob's name (its sha256), reading nothing."""
+    from hf_tune import build_model_and_tokenizer, load_recipe
+    from hf_tune.reference import file_sha256, model_source, weight_files
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    for commit, sha in (("a" * 40, "1" * 64), ("b" * 40, "2" * 64)):
+        (repo / "blobs" / sha).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "blobs" / sha).write_bytes(b"weights")
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "model.safetensors").symlink_to(repo / "blobs" / sha)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    source = {"name_or_path": "org/tiny", "revision": "a" * 40, "cache_dir": str(tmp_path / "hub")}
+    assert [file_sha256(f) for f in weight_files(source)] == ["1" * 64]
+    assert [file_sha256(f) for f in weight_files({**source, "revision": None})] == ["2" * 64]  # refs/main
+    assert weight_files({"name_or_path": "org/tiny"}) is None  # revision not recorded: cannot tell
+
+    model, _ = build_model_and_tokenizer(load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run")))
+    assert model_source(model)["name_or_path"] == tiny_llama_dir and "revision" in model_source(model)

@@ -68,6 +68,9 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     with stage_errors(_blame_model_key(recipe), "building the model"):
         given = {k: v for k, v in kwargs.items() if v is not None}
         model = _from_pretrained(task.model_class, path, recipe, **given)
+        # where the weights came from: the reference cache keys on these files (hf_tune/reference.py)
+        model.hf_tune_source = {"name_or_path": path, **{k: v for k, v in _source_kwargs(m).items()
+                                                         if k != "trust_remote_code"}}
         drop_gguf_quantizer(model)
         # The one place the attention is decided; the collator reads the model's choice (loaded_attn_implementation)
         if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
