@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from transformers import TrainerCallback
 
 from hf_tune import run_folder
+from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 
@@ -158,23 +159,50 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
         env = {"WANDB_PROJECT": tracking.project, "WANDB_RUN_GROUP": tracking.group,
                "WANDB_TAGS": ",".join(tracking.tags) if tracking.tags else None, "WANDB_NAME": tracking.name,
                "WANDB_DIR": str(run_dir)}
+        _choose_wandb_mode(run_dir)
         for key, value in env.items():
             if value and key not in os.environ:
                 os.environ[key] = value
         os.environ.setdefault("WANDB_RUN_ID", wandb_run_id(run_dir))
         os.environ.setdefault("WANDB_RESUME", "allow")
-        if os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
-            online, why = wandb_can_sync()
-            if not online:
-                os.environ["WANDB_MODE"] = "offline"
-                logger.warning("W&B: %s, so this run logs offline under %s/wandb; sync it later with "
-                               "`wandb sync %s/wandb/offline-run-*`", why, run_dir, run_dir)
     if "mlflow" in targets or "all" in targets:
         if "MLFLOW_TRACKING_URI" not in os.environ:
             os.environ["MLFLOW_TRACKING_URI"] = run_folder_mlflow_uri(run_dir)
             (run_dir / run_folder.MLFLOW_DIR).mkdir(parents=True, exist_ok=True)
         if tracking.project:
             os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", tracking.project)
+
+
+WANDB_ONLINE_MODES = ("online", "run", "shared")  # WANDB_MODE values that log to the server
+
+
+def _choose_wandb_mode(run_dir: Path) -> None:
+    """W&B logs online when it can, else offline into the run folder (said in one warning). A ``WANDB_MODE`` the
+    user set wins: an explicit online mode that cannot work stops the run here, before anything is written."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return
+    online, why = wandb_can_sync()
+    if online:
+        return
+    check_explicit_wandb_online(why)
+    os.environ["WANDB_MODE"] = "offline"
+    logger.warning("W&B: %s, so this run logs offline under %s/wandb; sync it later with "
+                   "`wandb sync %s/wandb/offline-run-*`", why, run_dir, run_dir)
+
+
+def check_explicit_wandb_online(why: str | None = None) -> None:
+    """An explicit ``WANDB_MODE=online`` that cannot log (no API key, no answer) is refused; ``why``: the reason
+    already found, else asked now. Called when the recipe loads, and again when the run's trackers start."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode not in WANDB_ONLINE_MODES:
+        return
+    if why is None:
+        online, why = wandb_can_sync()
+        if online:
+            return
+    raise RecipeError("training.report_to", f"includes wandb and WANDB_MODE={mode} is set, but {why}",
+                      fix="log in (WANDB_API_KEY, or `wandb login`) on a machine that reaches the server; or unset "
+                      "WANDB_MODE: hf_tune then logs offline into the run folder, for `wandb sync` later")
 
 
 def run_folder_mlflow_uri(run_dir: Path) -> str:

@@ -369,3 +369,34 @@ def test_a_bad_command_line_and_a_bad_recipe_exit_2(tmp_path):
     with pytest.raises(SystemExit) as exited:
         cli_main(["validate", str(tmp_path / "no_such_recipe.yaml")])
     assert exited.value.code == 2
+
+
+def test_an_explicit_wandb_online_that_cannot_log_stops_the_run_before_any_folder(tiny_llama_dir, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """WANDB_MODE=online is the user's choice: without a key for the server it is refused, not turned offline."""
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.chdir(CORPUS)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exited:  # lora_r_zero is a good recipe once lora.r is fixed
+        main([*arguments("lora_r_zero", tiny_llama_dir, out), "lora.r=4", "training.report_to=wandb"])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "hf_tune: error: training.report_to: includes wandb and WANDB_MODE=online is set, but no W&B API key" in stderr
+    assert "Traceback" not in stderr and not out.exists()
+
+
+def test_an_unset_wandb_mode_still_falls_back_to_offline(tmp_path, monkeypatch):
+    import os
+
+    from hf_tune.tracking import _choose_wandb_mode
+
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    _choose_wandb_mode(tmp_path)
+    assert os.environ["WANDB_MODE"] == "offline"

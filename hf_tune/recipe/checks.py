@@ -189,6 +189,10 @@ def _check_integrations_installed(training: dict) -> None:
         if name in INTEGRATIONS and importlib.util.find_spec(INTEGRATIONS[name][0]) is None:
             raise RecipeError(key, f"needs the {INTEGRATIONS[name][0]} package, which is not installed",
                               fix=INTEGRATIONS[name][1])
+    if any(name in ("wandb", "all") for _, name in wanted):
+        from hf_tune.tracking import check_explicit_wandb_online
+
+        check_explicit_wandb_online()  # the user's WANDB_MODE=online wins, so it must work (asks only when set)
 
 
 # flash attention packages: transformers' attn_implementation -> (module, how to install it)
