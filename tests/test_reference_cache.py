@@ -49,9 +49,11 @@ def chosen_logps(base: str, rows: list[dict]) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path, smol_tokenizer):
+@pytest.mark.parametrize("identity", ["files", "gathered weights"])
+def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path, smol_tokenizer, identity):
     """One 2-process ZeRO-3 launch builds the DPO trainers of base A, base B (same architecture, other seed), then
-    A again: B computes its own reference from its own weights, A's second trainer reuses A's entry on both ranks."""
+    A again: B computes its own reference from its own weights, A's second trainer reuses A's entry on both ranks.
+    The base is identified by its files, or (as a model built in memory) by its weights gathered from the shards."""
     bases = {"a": tiny_llama(tmp_path / "base-a", smol_tokenizer, seed=1),
              "b": tiny_llama(tmp_path / "base-b", smol_tokenizer, seed=2)}
     data = conversational_pairs(tmp_path / "p.jsonl")
@@ -68,6 +70,8 @@ def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path
         recipes[-1].write_text(yaml.safe_dump(raw))
     env = {**os.environ, "HF_TUNE_CACHE": str(tmp_path / "cache"),
            "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    if identity == "gathered weights":
+        env["PROBE_WITHOUT_FILES"] = "1"
     result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
                              str(free_port()), str(REPO / "tests" / "reference_cache_probe.py"), *map(str, recipes),
                              str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True,
@@ -81,6 +85,8 @@ def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path
             assert got[name] == pytest.approx(chosen_logps(bases[name], a["rows"]), abs=1e-4)
         assert [row["ref_chosen_logps"] for row in a_again["rows"]] == got["a"]
     assert len(list((tmp_path / "cache" / "reference_logps").glob("*.parquet"))) == 2
+    keyed_by_weights = "keyed by a hash of its weights" in result.stdout + result.stderr
+    assert keyed_by_weights == (identity == "gathered weights")
 
 
 def test_equal_examples_have_one_digest_whatever_their_arrow_layout():
