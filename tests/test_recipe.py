@@ -222,3 +222,19 @@ def test_top_level_keys_method_and_rewards_take_overrides():
     for bad in ("learning_rate=1e-4", "model=x"):
         with pytest.raises(HfTuneError, match="section.key=value"):
             apply_overrides({}, [bad])
+
+
+@pytest.mark.parametrize("name", ["activation_checkpointing", "gradient_checkpointing"])
+def test_a_quantized_base_is_checkpointed_with_the_recipes_kwargs_by_either_name(name, tiny_llama_dir, tmp_path):
+    """transformers 5.24 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs): the QLoRA
+    preparation honours the new names and still reads the old ones."""
+    from conftest import chat_recipe
+    from hf_tune.build import build_model_and_tokenizer
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **{name: True, f"{name}_kwargs": {"use_reentrant": True}})
+    raw["model"]["quantization_config"] = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    raw["lora"] = {"r": 4, "target_modules": ["q_proj"]}
+    model, _ = build_model_and_tokenizer(load_recipe(raw))
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    assert layers  # every decoder layer recomputes its activations, with the recipe's torch checkpoint arguments
+    assert all(m._gradient_checkpointing_func.keywords == {"use_reentrant": True} for m in layers)

@@ -118,9 +118,10 @@ def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
     if recipe.model.quantization_config:
         from hf_tune.model.quantization import describe, prepare_for_lora
 
-        model = prepare_for_lora(model, checkpointing, recipe.training.get("gradient_checkpointing_kwargs"))
+        model = prepare_for_lora(model, checkpointing, recipe.training.get("activation_checkpointing_kwargs")
+                                 or recipe.training.get("gradient_checkpointing_kwargs"))
         logger.info("QLoRA: %s base prepared with peft.prepare_model_for_kbit_training (gradient checkpointing %s, "
-                    "as training.gradient_checkpointing says)", describe(recipe.model.quantization_config),
+                    "as training.activation_checkpointing says)", describe(recipe.model.quantization_config),
                     "on" if checkpointing else "off")
     elif checkpointing:
         model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need an input that requires grad
