@@ -1,6 +1,7 @@
 """Comparing runs: the recipe keys that differ, final metrics, tokens/s and peak memory as one table
 (``compare_runs`` returns a pandas DataFrame), and one PNG with their loss and eval curves overlaid
-(``hf-tune compare RUN_DIR... --out compare.png``). A search's study folder stands for its trials."""
+(``hf-tune compare RUN_DIR... --out compare.png``). A search's study folder stands for its trials, whichever backend
+(Optuna, Ray Tune) ran it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.lineage import flat_lineage
+from hf_tune.search.backend import STUDY_JSON, read_study_trials, study_backend, trial_folder_name
 
 IGNORED_KEYS = ("training.output_dir",)  # differs between any two runs; the row's name says it
 THROUGHPUT = {"tokens/s": "train_tokens_per_second", "peak memory (GB)": "train_peak_memory_gb"}
@@ -41,11 +43,12 @@ def collect_runs(paths: list[str | Path]) -> list[ComparedRun]:
     for path in map(Path, paths):
         if (path / run_folder.MANIFEST).is_file() or (path / run_folder.RECIPE).is_file():
             runs.append(_run_folder(path))
-        elif (path / run_folder.STUDY_DB).is_file():
+        elif study_backend(path) is not None:
             runs.extend(_study_trials(path))
         else:
             raise HfTuneError(f"{path}: neither a run folder (run.json, recipe.yaml) nor a study folder "
-                              f"({run_folder.STUDY_DB})\n  fix: pass training.output_dir of runs, or a search's folder")
+                              f"({run_folder.STUDY_DB}, {STUDY_JSON})\n  fix: pass training.output_dir of runs, or a "
+                              "search's folder")
     return runs
 
 
@@ -71,38 +74,25 @@ def _run_folder(path: Path) -> ComparedRun:
 
 
 def _study_trials(study_dir: Path) -> list[ComparedRun]:
-    """Each finished or pruned trial of every study in the folder's database: its sampled values over the base
-    recipe (``best_recipe.yaml`` without the trial's keys), its objective values, its reported eval curve, and the
-    loss curve of its last checkpoint where it kept one."""
-    import optuna
-
+    """Each finished or pruned trial of the study in the folder, whichever backend ran it (Optuna: every study in its
+    database; Ray Tune): its sampled values over the base recipe (``best_recipe.yaml`` without the trial's keys), its
+    objective values, its reported curve, and the loss curve of its last checkpoint where it kept one."""
     from hf_tune.report import series
 
-    storage = f"sqlite:///{(study_dir / run_folder.STUDY_DB).resolve()}"
-    runs, studies = [], optuna.get_all_study_summaries(storage)
-    for summary in studies:
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        metrics = study.metric_names or (["value"] if len(study.directions) == 1 else
-                                         [f"value_{i}" for i in range(len(study.directions))])
-        for trial in study.trials:
-            if trial.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
-                continue
-            name = f"{study_dir}/trial-{trial.number}" + (f" ({summary.study_name})" if len(studies) > 1 else "")
-            values = dict(zip(metrics, trial.values or []))
-            values["state"] = trial.state.name.lower()
-            curves = {}
-            if trial.intermediate_values:
-                steps = sorted(trial.intermediate_values)
-                curves["eval_loss" if metrics == ["eval_loss"] else metrics[0]] = (
-                    steps, [trial.intermediate_values[s] for s in steps])
-            states = sorted((study_dir / f"trial-{trial.number}").glob("checkpoint-*/trainer_state.json"),
-                            key=lambda p: int(p.parent.name.split("-")[1]))
-            if states:
-                loss = series(json.loads(states[-1].read_text())["log_history"], "loss")
-                if loss[0]:
-                    curves["loss"] = loss
-            recipe = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in trial.params.items()}
-            runs.append(ComparedRun(name, recipe, values, curves))
+    trials = read_study_trials(study_dir)
+    several = len({t.study_name for t in trials}) > 1
+    runs = []
+    for trial in trials:
+        folder = study_dir / trial_folder_name(trial.number)
+        values = {**trial.values, "state": trial.state}
+        curves = {trial.curve[0]: (trial.curve[1], trial.curve[2])} if trial.curve else {}
+        states = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+        if states:
+            loss = series(json.loads(states[-1].read_text())["log_history"], "loss")
+            if loss[0]:
+                curves["loss"] = loss
+        recipe = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in trial.params.items()}
+        runs.append(ComparedRun(f"{folder}" + (f" ({trial.study_name})" if several else ""), recipe, values, curves))
     if not runs:
         raise HfTuneError(f"{study_dir}: the study has no finished or pruned trial yet")
     return runs

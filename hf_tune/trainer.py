@@ -98,33 +98,6 @@ class HfTuneMixin:
             self.loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
         return result
 
-    # A private upstream hook, kept because every DDP rank must follow rank 0's pruning decision (see the docstring;
-    # tests/test_search.py::test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank).
-    @override
-    def _report_to_hp_search(self, trial, step, metrics):
-        """Under several processes only rank 0 holds the Optuna trial (the others a copy of its values): rank 0
-        reports and asks the pruner, and every rank follows its answer (or its error), so a pruned trial stops on
-        all of them at the same evaluation. (Trainer's own method prunes on rank 0 alone, and the others hang.)"""
-        from transformers.trainer_utils import HPSearchBackend
-
-        if self.args.world_size == 1 or self.hp_search_backend != HPSearchBackend.OPTUNA or trial is None:
-            return super()._report_to_hp_search(trial, step, metrics)
-        import optuna
-
-        from hf_tune.distributed import decided_on_main
-
-        self.objective = self.compute_objective(dict(metrics))
-
-        def report_and_ask() -> bool:  # rank 0's trial; the other ranks hold a FixedTrial, with no study
-            if not hasattr(trial, "study") or len(trial.study.directions) > 1:
-                return False
-            trial.report(self.objective, step)
-            return trial.should_prune()
-
-        if decided_on_main(report_and_ask):
-            self.callback_handler.on_train_end(self.args, self.state, self.control)
-            raise optuna.TrialPruned()
-
     @override
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "learning_rate" in logs and self.optimizer is not None:

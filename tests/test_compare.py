@@ -4,6 +4,7 @@ in one PNG; a study folder stands for its trials."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -76,3 +77,48 @@ def test_a_study_folder_stands_for_its_trials(tmp_path):
     runs = collect_runs([tmp_path])
     assert runs[1].curves["value"] == ([1, 2], [1.5, 1.1])  # the reported curve of each trial
     assert plot_comparison(runs, tmp_path / "trials.png").stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def ray_study(tmp_path_factory, tiny_llama_dir):
+    """A tiny Ray Tune study (two trials, one after another), on the local Ray of tests/test_search_ray.py when it
+    runs in this session, else on one started here."""
+    ray = pytest.importorskip("ray")
+    from hf_tune import search
+    from test_search_ray import ray_recipe
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        study = tmp_path_factory.mktemp("ray") / "study"
+        space = {"training.learning_rate": {"type": "categorical", "choices": [1e-3, 3e-2]}}
+        raw = ray_recipe(tiny_llama_dir, study, {"space": space, "n_trials": 2, "sampler": "grid", "scheduler": "none",
+                                                 "scheduler_kwargs": {"max_concurrent_trials": 1}},
+                         max_steps=4, save_strategy="steps", save_steps=2)
+        result = search(load_recipe(raw))
+    finally:
+        if started:
+            ray.shutdown()
+    return study, result
+
+
+def test_a_ray_study_folder_stands_for_its_trials_as_an_optuna_one_does(ray_study, tmp_path, capsys):
+    from test_search_ray import reported
+
+    study, result = ray_study
+    rows = reported(Path(result["experiment_path"]))  # Ray's own record of each trial's reports, read independently
+    assert sorted(rows) == [0, 1]
+    table = compare_runs([study])
+    assert list(table.index) == [f"{study}/trial-{n}" for n in (0, 1)]
+    assert table["training.learning_rate"].tolist() == [rows[n][-1]["config"]["training.learning_rate"] for n in (0, 1)]
+    assert table["value"].tolist() == pytest.approx([rows[n][-1]["eval_loss"] for n in (0, 1)])
+    assert table["state"].tolist() == ["complete", "complete"]
+    runs = collect_runs([study])
+    for n, run in enumerate(runs):  # the reported curve (evaluations at steps 2 and 4), and the training loss of the
+        assert run.curves["eval_loss"] == ([2, 4], [row["eval_loss"] for row in rows[n]])  # last checkpoint kept
+        assert run.curves["loss"][0][:2] == [1, 2]
+    out = tmp_path / "ray.png"
+    hf_tune_cli(["compare", str(study), "--out", str(out)])
+    assert "training.learning_rate" in capsys.readouterr().out and out.stat().st_size > 0

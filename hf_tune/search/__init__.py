@@ -1,9 +1,10 @@
 """Hyperparameter search from the recipe's ``search`` section (Optuna, or Ray Tune): ``search(recipe)`` in a notebook,
 ``python -m hf_tune.search RECIPE`` under any launcher, ``hf-tune search RECIPE`` from the shell.
 
-storage.py opens the study's storage, sampling.py turns the space into Optuna samplers and trial recipes,
-trials.py runs the trials (under DDP too), cross_validated.py the trials of a k-fold study (search.cv), summary.py
-writes the trials table, best recipe and plots.
+backend.py is the interface (study paths, the base recipe, the table of backends); storage.py opens the study's
+storage, sampling.py turns the space into Optuna samplers and trial recipes, trials.py runs the trials by ask and tell
+(under DDP too; pruning.py prunes them), cross_validated.py the trials of a k-fold study (search.cv), ray_backend.py a
+study on Ray Tune; summary.py is the one writer of the study folder (trials table, best recipe, plots).
 
 ``hf_tune.search`` is the function: ``hf_tune/__init__.py`` imports it from this package, so running the package's
 ``__main__`` never replaces it (a submodule is bound to its parent only when the parent package is first imported).
@@ -21,18 +22,10 @@ __all__ = ["format_summary", "search"]
 
 
 def search(recipe: Recipe) -> dict:
-    """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. With
-    ``search.backend: ray`` the study runs on Ray Tune (ASHA, PBT: ``hf_tune.search.ray_backend``); with
-    ``search.cv: k`` each trial is the mean over k folds (``hf_tune.search.cross_validated``)."""
-    if recipe.search is not None and recipe.search.backend == "ray":
-        from hf_tune.search.ray_backend import search_with_ray
-
-        return search_with_ray(recipe)
-    if recipe.search is not None and recipe.search.cv is not None:
-        from hf_tune.search.cross_validated import search_cross_validated
-
-        return search_cross_validated(recipe)
-    from hf_tune.search.trials import search as run_search
+    """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. The
+    backend is ``search.backend`` (``hf_tune.search.backend.BACKENDS``): Optuna by default (with ``search.cv: k``
+    each trial is the mean over k folds), or Ray Tune (ASHA, PBT)."""
+    from hf_tune.search.backend import run_search
 
     return run_search(recipe)
 

@@ -1,5 +1,6 @@
 """``python -m hf_tune.search RECIPE [section.key=value ...]``: a hyperparameter search under any launcher
-(python, ``torchrun -m``, ``accelerate launch -m``, ``deepspeed --module``). The search itself is ``hf_tune.search.trials``."""
+(python, ``torchrun -m``, ``accelerate launch -m``, ``deepspeed --module``). The search itself is the recipe's backend
+(``hf_tune.search.backend``)."""
 
 from __future__ import annotations
 

@@ -27,13 +27,12 @@ from hf_tune.cv import Folds, kfold_splits, train_fold
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
+from hf_tune.search.backend import base_recipe, study_paths
+from hf_tune.search.optuna_summary import FOLD_ORDER, FOLD_VALUES, summarize
 from hf_tune.search.resume import claimed_orphans, heartbeat, this_worker
-from hf_tune.search.sampling import (directions_for, make_pruner, make_sampler, make_terminator, sample_trial,
-                                     trial_recipe, warn_if_random_search)
-from hf_tune.search.storage import make_storage
-from hf_tune.search.summary import FOLD_ORDER, FOLD_VALUES, summarize
-from hf_tune.search.trials import (SurplusTrial, base_recipe, objective_values, study_has_room, trainable_params,
-                                   trial_folder_name)
+from hf_tune.search.sampling import make_terminator, sample_trial, trial_recipe, warn_if_random_search
+from hf_tune.search.study import (SurplusTrial, ask, objective_values, open_study, record_failure, study_has_room,
+                                  trainable_params)
 
 logger = logging.getLogger(__name__)
 
@@ -44,37 +43,32 @@ def search_cross_validated(recipe: Recipe) -> dict:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise HfTuneError("search.cv: a cross-validated search trains its folds in one process\n  fix: run it "
                           "without torchrun / accelerate launch, or remove search.cv")
-    study_dir = Path(spec.output_dir or recipe.training["output_dir"])
-    study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
+    paths = study_paths(recipe)
+    study_dir = paths.folder
     base = base_recipe(recipe, study_dir)
     warn_if_random_search(spec)
     folds = kfold_splits(base, spec.cv, key="search.cv")
-    study_dir.mkdir(parents=True, exist_ok=True)
-    storage = make_storage(spec, study_dir)
+    study, storage = open_study(spec, paths)
     metrics = search_metrics(spec)
-    study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
-                                directions=directions_for(spec), sampler=make_sampler(spec, ask_and_tell=True),
-                                pruner=make_pruner(spec))
     base_raw = base.to_dict()  # what conditions (search.space.KEY.when) read for keys not searched
-    for frozen in claimed_orphans(study, storage, lambda t: study_dir / trial_folder_name(t)):  # killed workers
+    for frozen in claimed_orphans(study, storage, lambda t: paths.trial_folder(t.number)):  # killed workers
         trial = optuna.trial.Trial(study, frozen._trial_id)
         logger.info("search: trial %d was left running by a worker that is gone; resuming it after its folds %s",
                     trial.number, sorted(int(k) for k in frozen.user_attrs.get(FOLD_VALUES, {})))
         trial.set_user_attr("resumed", True)
         with heartbeat(storage, trial._trial_id):
-            run_trial(study, trial, base, base_raw, folds, metrics, study_dir, spec, resumed=frozen)
+            run_trial(study, trial, base, base_raw, folds, metrics, paths.trial_folder(trial.number), spec,
+                      resumed=frozen)
     with warnings.catch_warnings():  # a killed worker's trial elsewhere fails once its heartbeat is stale
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     terminator = make_terminator(spec, cross_validated=True)
     started = time.time()
     while study_has_room(study, spec, started, terminator):
-        with warnings.catch_warnings():  # Optuna warns that heartbeats are Study.optimize's: heartbeat() below
-            warnings.simplefilter("ignore", UserWarning)
-            trial = study.ask()
+        trial = ask(study)
         with heartbeat(storage, trial._trial_id):  # so that no other worker fails it as stale
-            run_trial(study, trial, base, base_raw, folds, metrics, study_dir, spec)
-    return summarize(optuna.load_study(study_name=study_name, storage=storage), recipe, metrics, study_dir)
+            run_trial(study, trial, base, base_raw, folds, metrics, paths.trial_folder(trial.number), spec)
+    return summarize(optuna.load_study(study_name=paths.name, storage=storage), recipe, metrics, paths)
 
 
 def fold_order(spec: SearchSection, number: int) -> list[int]:
@@ -82,7 +76,7 @@ def fold_order(spec: SearchSection, number: int) -> list[int]:
     return [int(k) for k in np.random.default_rng(spec.seed + number).permutation(spec.cv)]
 
 
-def run_trial(study, trial, base: Recipe, base_raw: dict, folds: Folds, metrics: list[str], study_dir: Path,
+def run_trial(study, trial, base: Recipe, base_raw: dict, folds: Folds, metrics: list[str], trial_dir: Path,
               spec: SearchSection, resumed=None) -> None:
     """Train the trial's folds in its order, reporting each; tell Optuna the mean (COMPLETE), PRUNED or FAIL.
     ``resumed``: the trial as a killed worker left it (its parameters and the folds it finished are kept)."""
@@ -94,11 +88,10 @@ def run_trial(study, trial, base: Recipe, base_raw: dict, folds: Folds, metrics:
         logger.info("search: trial %d with %s", trial.number, trial.params)
         done = {int(k): v if isinstance(v, list) else [v]
                 for k, v in (resumed.user_attrs.get(FOLD_VALUES, {}) if resumed is not None else {}).items()}
-        scores, pruned = train_folds(trial, current, folds, metrics, study_dir / trial_folder_name(trial), spec, done)
+        scores, pruned = train_folds(trial, current, folds, metrics, trial_dir, spec, done)
     except Exception as err:  # a failing trial (OOM, NaN, bad values) keeps its error; the study goes on
         logger.warning("search: trial %d failed: %s: %s", trial.number, type(err).__name__, err)
-        trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        record_failure(study, trial, err)
         return
     means = [float(np.mean([values[i] for values in scores.values()])) for i in range(len(metrics))]
     if pruned:

@@ -9,11 +9,8 @@ from pathlib import Path
 
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
+from hf_tune.search.backend import study_paths
 from hf_tune.search.storage import is_journal, redact_url, storage_url
-
-
-def study_folder(recipe: Recipe) -> Path:
-    return Path(recipe.search.output_dir or recipe.training["output_dir"])
 
 
 def dashboard_command(recipe: Recipe, port: int = 8080) -> list[str]:
@@ -23,7 +20,7 @@ def dashboard_command(recipe: Recipe, port: int = 8080) -> list[str]:
     if recipe.search.backend != "optuna":
         raise RecipeError("search.backend", "--dashboard shows Optuna studies; Ray Tune's trials are in the study "
                           "folder's trials.csv and its ray/ experiment", fix="drop --dashboard, or use backend optuna")
-    url = storage_url(recipe.search, study_folder(recipe))
+    url = storage_url(recipe.search, study_paths(recipe).folder)
     if is_journal(url):
         return ["optuna-dashboard", "--storage-class", "JournalFileStorage", "--port", str(port),
                 str(Path(url).resolve())]

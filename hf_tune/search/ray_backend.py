@@ -2,30 +2,28 @@
 successive halving over many workers) and population-based training (PBT: a weak trial copies a strong trial's
 checkpoint and goes on with mutated hyperparameters).
 
-Each trial is a Ray Tune function trainable that builds the trial's recipe and trains it with hf_tune's own
-``Trainer`` (the data is tokenized once, on the driver, and shared through Ray's object store). Every evaluation is
-reported to Ray; under PBT with the complete checkpoint saved at that step (``checkpoint-N`` with its marker), so a
-trial that exploits another copies that checkpoint into its own folder and resumes from it exactly as a rerun would,
-with its mutated values applied to the optimizer it loads (``hf_tune.optim.resume``). The study folder gets the
-same outputs as the Optuna backend (``summarize_ray``).
+Each trial is a Ray Tune function trainable (``ray_trial.run_trial``) that builds the trial's recipe and trains it
+with hf_tune's own ``Trainer`` (the data is tokenized once, on the driver, and shared through Ray's object store).
+Every evaluation is reported to Ray; under PBT with the complete checkpoint saved at that step (``checkpoint-N`` with
+its marker), so a trial that exploits another copies that checkpoint into its own folder and resumes from it exactly
+as a rerun would, with its mutated values applied to the optimizer it loads (``hf_tune.optim.resume``). The study
+folder gets the same outputs as the Optuna backend, by the same writer (``summarize_ray``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import Distribution, Recipe, SearchSection
-from hf_tune.search.ray_summary import PARAM_PREFIX, REPORTS, summarize_ray, trial_values
-from hf_tune.search.sampling import directions_for, trial_recipe, typed
+from hf_tune.search.backend import StudyPaths, base_recipe, study_paths
+from hf_tune.search.ray_summary import summarize_ray
+from hf_tune.search.ray_trial import run_trial
+from hf_tune.search.sampling import directions_for, typed
 
 logger = logging.getLogger(__name__)
 
@@ -71,99 +69,6 @@ def absolute_paths(recipe: Recipe) -> Recipe:
     return dataclasses.replace(recipe, data=data, model=model)
 
 
-# ---- in each Ray worker -------------------------------------------------------------------------------------------
-
-def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, study_dir: str) -> None:
-    """One trial (a Ray Tune function trainable): build its recipe, resume from the checkpoint Ray hands it (its
-    own, or under PBT a donor's), train, report every evaluation."""
-    from ray import tune
-
-    from hf_tune.build import build_run
-    from hf_tune.training_args import build_training_arguments
-
-    number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
-    folder = Path(study_dir) / f"trial-{number}"
-    values = trial_values(spec.space, config, base.to_dict())
-    recipe = trial_recipe(dataclasses.replace(base, training={**base.training, "output_dir": str(folder)}), values)
-    resume = adopt_checkpoint(tune.get_checkpoint(), folder)
-    if resume is None:  # a fresh trial: no report of an earlier study in this folder
-        (folder / REPORTS).unlink(missing_ok=True)
-    run = build_run(recipe, build_training_arguments(recipe), data=data)
-    trainer = run.trainer
-    report = RayReport(spec.scheduler == "pbt", values)
-    trainer.add_callback(report)
-    trainer.train(resume_from_checkpoint=resume)
-    if report.last_step != trainer.state.global_step:  # no evaluation at the last step
-        trainer.evaluate()
-
-
-ADOPTED = "adopted_checkpoints.jsonl"  # in a trial's folder: each checkpoint Ray handed it (PBT: a donor's)
-
-
-def adopt_checkpoint(checkpoint, folder: Path) -> str | None:
-    """Copy the checkpoint Ray hands the trial into its folder as ``checkpoint-N`` (dropping any later one of the
-    trial's own history), record where it came from, and return its path to resume from; None for a fresh
-    trial."""
-    if checkpoint is None:
-        return None
-    from hf_tune.checkpoints import checkpoints
-
-    with checkpoint.as_directory() as source:
-        step = json.loads((Path(source) / "trainer_state.json").read_text())["global_step"]
-        target = folder / f"checkpoint-{step}"
-        for existing in checkpoints(folder):
-            if int(existing.name.split("-")[1]) >= step:
-                shutil.rmtree(existing)
-        shutil.copytree(source, target)
-    with (folder / ADOPTED).open("a") as record:
-        record.write(json.dumps({"step": step, "from": str(checkpoint.path)}) + "\n")
-    return str(target)
-
-
-class RayReport(TrainerCallback):
-    """Reports each evaluation's metrics to Ray Tune (the scheduler's input), with the trial's values; under PBT once
-    the evaluation's checkpoint is saved and marked complete, with that checkpoint."""
-
-    def __init__(self, with_checkpoints: bool, values: dict[str, Any]):
-        self.with_checkpoints, self.values = with_checkpoints, values
-        self.pending: dict[str, float] | None = None
-        self.last_step: int | None = None
-
-    def _result(self, state, metrics: dict[str, float]) -> dict[str, Any]:
-        params = {f"{PARAM_PREFIX}{k}": v if isinstance(v, (int, float)) else json.dumps(v)
-                  for k, v in self.values.items()}
-        return {**{k: v for k, v in metrics.items() if isinstance(v, (int, float))}, "step": state.global_step,
-                **params}
-
-    @staticmethod
-    def _record(args, result: dict[str, Any]) -> None:
-        """The trial's own record of each report (its folder's reports.jsonl): Ray may drop the results before a
-        restore from its history; this keeps them, for the learning curves and PBT's schedule."""
-        with (Path(args.output_dir) / REPORTS).open("a") as record:
-            record.write(json.dumps(result) + "\n")
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        from ray import tune
-
-        if self.with_checkpoints and control.should_save:
-            self.pending = self._result(state, metrics or {})
-            return
-        self.last_step = state.global_step
-        result = self._result(state, metrics or {})
-        self._record(args, result)
-        tune.report(result)
-
-    def on_save(self, args, state, control, **kwargs):
-        from ray import tune
-
-        if self.pending is None or not args.should_save:
-            return
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"  # hf_tune's marker is written first
-        result, self.pending, self.last_step = self.pending, None, state.global_step
-        self._record(args, result)
-        tune.report(result, checkpoint=tune.Checkpoint.from_directory(str(checkpoint)))
-
-
 # ---- on the driver ------------------------------------------------------------------------------------------------
 
 def search_with_ray(recipe: Recipe) -> dict:
@@ -176,9 +81,9 @@ def search_with_ray(recipe: Recipe) -> dict:
     from hf_tune.model import build_tokenizer
     from hf_tune.training_args import build_training_arguments
 
-    spec = recipe.search
-    study_dir = Path(spec.output_dir or recipe.training["output_dir"]).resolve()
-    study_name = spec.study_name or (recipe.source.stem if recipe.source else "study")
+    spec, found = recipe.search, study_paths(recipe)
+    paths = StudyPaths(found.folder.resolve(), found.name)  # Ray's workers run in other folders
+    study_dir = paths.folder
     base = base_recipe_for_ray(recipe, study_dir)
     args = build_training_arguments(base)
     data = build_data(base, build_tokenizer(base), args)  # read (sft: tokenized) once, for every trial
@@ -201,11 +106,11 @@ def search_with_ray(recipe: Recipe) -> dict:
                                         # a fresh actor per trial: a reused one kept the models of the trials
                                         # it ran before (PBT's peak actor RSS: benchmarks/RESULTS.md)
                                         time_budget_s=spec.timeout, reuse_actors=False),
-            run_config=tune.RunConfig(name=study_name, storage_path=str(study_dir / "ray"), verbose=0,
+            run_config=tune.RunConfig(name=paths.name, storage_path=str(study_dir / "ray"), verbose=0,
                                       stop=stop_rule(base),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=None)))
         grid = tuner.fit()
-        return summarize_ray(grid, recipe, metric, mode, study_dir, study_name)
+        return summarize_ray(grid, recipe, metric, mode, paths)
     finally:
         if started_here:
             ray.shutdown()
@@ -220,15 +125,13 @@ def param_space(spec: SearchSection) -> dict[str, Any]:
 
 
 def base_recipe_for_ray(recipe: Recipe, study_dir: Path) -> Recipe:
-    """The recipe every trial starts from: local paths absolute, training into the study folder, and under PBT a
+    """The recipe every trial starts from (``backend.base_recipe``) with its local paths absolute, and under PBT a
     complete checkpoint at every evaluation (what a trial exploits)."""
-    training = {**recipe.training, "output_dir": str(study_dir)}
-    for key, dist in recipe.search.space.items():
-        if key.startswith("training.") and dist.type != "categorical":
-            training[key.removeprefix("training.")] = typed(dist, dist.low)
+    base = base_recipe(recipe, study_dir)
     if (recipe.search.scheduler or "asha") == "pbt":
-        training.update(save_strategy="steps", save_steps=training.get("eval_steps") or 500)
-    return absolute_paths(dataclasses.replace(recipe, training=training, search=None))
+        training = {**base.training, "save_strategy": "steps", "save_steps": base.training.get("eval_steps") or 500}
+        base = dataclasses.replace(base, training=training)
+    return absolute_paths(base)
 
 
 def stop_rule(recipe: Recipe) -> dict[str, int] | None:

@@ -1,23 +1,21 @@
-"""What a Ray Tune study leaves in its folder, in the Optuna backend's shape (one product): the trials and the best
-trial (``format_summary`` prints both), ``trials.csv``, ``best_recipe.yaml``, ``learning_curves.png``; under PBT also
-``pbt_schedule.csv`` / ``pbt_schedule.png`` (each mutated key over the steps of each trial) and the exploits."""
+"""What a Ray Tune study leaves in its folder, in the Optuna backend's shape and by the same writer (``summary.py``):
+the trials and the best trial (``format_summary`` prints both), ``trials.csv``, ``best_recipe.yaml``,
+``learning_curves.png``; under PBT also ``pbt_schedule.csv`` / ``pbt_schedule.png`` (each mutated key over the steps
+of each trial) and the exploits. ``read_trials`` reads a finished study back (``hf-tune compare``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import Distribution, Recipe
 from hf_tune.recipe.search_space import sample_space
-from hf_tune.redaction import redact_secrets
-from hf_tune.search.sampling import trial_recipe, typed
+from hf_tune.search.backend import STUDY_JSON, StudyPaths, StudyTrial, trial_folder_name
+from hf_tune.search.sampling import typed
+from hf_tune.search.summary import write_study_folder
 
 logger = logging.getLogger(__name__)
 PARAM_PREFIX = "param:"  # reported with each result: the values the trial trains with at that step (PBT schedule)
@@ -35,14 +33,16 @@ def trial_number(trial_id: str) -> int:
     return int(str(trial_id).rsplit("_", 1)[-1])
 
 
-def summarize_ray(grid, recipe: Recipe, metric: str, mode: str, study_dir: Path, study_name: str) -> dict:
-    spec = recipe.search
+def summarize_ray(grid, recipe: Recipe, metric: str, mode: str, paths: StudyPaths) -> dict:
+    """The study's trials (a trial ASHA stopped is PRUNED) and best trial; the one study writer writes its folder,
+    with the learning curves and, under PBT, the exploits and the schedule of each mutated key."""
+    spec, study_dir = recipe.search, paths.folder
     raw = {k: v for k, v in recipe.to_dict().items() if k != "search"}
     max_steps = recipe.training.get("max_steps", -1)
     trials, histories = [], {}
     for result in grid:
         number = trial_number(result.metrics.get("trial_id") or Path(result.path).name)
-        histories[number] = read_reports(study_dir / f"trial-{number}")
+        histories[number] = read_reports(paths.trial_folder(number))
         last = result.metrics.get(metric)
         error = f"{type(result.error).__name__}: {str(result.error)[:500]}" if result.error else None
         finished = max_steps is None or max_steps <= 0 or result.metrics.get("step") == max_steps
@@ -51,7 +51,7 @@ def summarize_ray(grid, recipe: Recipe, metric: str, mode: str, study_dir: Path,
                        "params": trial_values(spec.space, result.config, raw), "trainable_params": None,
                        "error": error, "steps": result.metrics.get("step")})
     trials.sort(key=lambda t: t["number"])
-    out: dict[str, Any] = {"study_name": study_name, "metrics": [metric], "trials": trials,
+    out: dict[str, Any] = {"study_name": paths.name, "metrics": [metric], "trials": trials,
                            "study_dir": str(study_dir), "backend": "ray", "scheduler": spec.scheduler or "asha",
                            "terminated": None, "experiment_path": str(grid.experiment_path)}
     complete = [t for t in trials if t["state"] == "COMPLETE"]
@@ -60,37 +60,43 @@ def summarize_ray(grid, recipe: Recipe, metric: str, mode: str, study_dir: Path,
     pick = min if mode == "min" else max
     best = pick(complete, key=lambda t: t["values"][0])
     out["best"] = [{"number": best["number"], "values": best["values"], "params": best["params"]}]
-    out["best_recipe"] = str(write_best_recipe(recipe, best, metric, study_dir, study_name,
-                                               pbt=out["scheduler"] == "pbt"))
-    write_trials_csv(trials, study_dir)
-    out["plots"] = [write_learning_curves(histories, metric, study_dir)]
+    plots = {LEARNING_CURVES_PNG: lambda: learning_curves(histories, metric)}
+    note = ""
     if out["scheduler"] == "pbt":
         out["exploits"] = read_exploits(Path(grid.experiment_path))
-        out["plots"].append(write_pbt_schedule(histories, list(spec.space), study_dir))
-    return out
+        plots[PBT_SCHEDULE_PNG] = lambda: pbt_schedule(histories, list(spec.space), study_dir)
+        note = (f"# PBT changed these values during the trial ({PBT_SCHEDULE_CSV}); this recipe trains with its final "
+                "values from the start\n")
+    return write_study_folder(out, recipe, "ray", best["params"], trials_table(trials), plots, note)
 
 
-def write_best_recipe(recipe: Recipe, best: dict, metric: str, study_dir: Path, study_name: str,
-                      pbt: bool) -> Path:
-    best_recipe = trial_recipe(dataclasses.replace(recipe, training={**recipe.training,
-                                                                     "output_dir": str(study_dir / "best")}),
-                               best["params"])
-    note = (f"# PBT changed these values during the trial ({PBT_SCHEDULE_CSV}); this recipe trains with its final "
-            "values from the start\n") if pbt else ""
-    path = study_dir / run_folder.BEST_RECIPE
-    raw = {k: v for k, v in redact_secrets(best_recipe.to_dict()).items() if k != "search"}
-    path.write_text(f"# best trial {best['number']} of study {study_name} (Ray Tune): {{'{metric}': "
-                    f"{best['values'][0]}}}\n" + note + yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def write_trials_csv(trials: list[dict], study_dir: Path) -> None:
+def trials_table(trials: list[dict]):
+    """trials.csv's rows: number, state, value, steps, each value (``params_KEY``), error."""
     import pandas as pd
 
     rows = [{"number": t["number"], "state": t["state"], "value": (t["values"] or [None])[0], "steps": t["steps"],
              **{f"params_{k}": json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in t["params"].items()},
              "error": t["error"]} for t in trials]
-    pd.DataFrame(rows).to_csv(study_dir / run_folder.TRIALS_CSV, index=False)
+    return pd.DataFrame(rows)
+
+
+def read_trials(study_dir: Path) -> list[StudyTrial]:
+    """The finished and stopped trials of the Ray study in the folder (its study.json), each with the curve of its
+    metric over the steps it reported (its folder's reports.jsonl; after a PBT exploit, the step's last report)."""
+    record = json.loads((study_dir / STUDY_JSON).read_text())
+    metric = record["metrics"][0]
+    trials = []
+    for t in record["trials"]:
+        if t["state"] not in ("COMPLETE", "PRUNED"):
+            continue
+        history = read_reports(study_dir / trial_folder_name(t["number"]))
+        curve = None
+        if history is not None and metric in history:
+            by_step = dict(zip(history["step"].tolist(), history[metric].tolist()))
+            curve = ("eval_loss" if metric == "eval_loss" else "value", list(by_step), list(by_step.values()))
+        trials.append(StudyTrial(record["study_name"], t["number"], t["state"].lower(), t["params"],
+                                 {"value": t["values"][0]}, curve))
+    return trials
 
 
 def read_reports(folder: Path):
@@ -116,35 +122,24 @@ def read_exploits(experiment: Path) -> list[dict]:
     return exploits
 
 
-def _plot(study_dir: Path, name: str, draw) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def learning_curves(histories: dict, metric: str):
+    """The metric each trial reported, over its steps: one line per trial."""
     import matplotlib.pyplot as plt
 
-    figure = draw(plt)
-    figure.tight_layout()
-    figure.savefig(study_dir / name, dpi=100)
-    plt.close(figure)
-    return str(study_dir / name)
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for number, history in sorted(histories.items()):
+        if history is not None and metric in history:
+            axes.plot(history["step"], history[metric], marker="o", label=f"trial {number}")
+    axes.set_xlabel("step")
+    axes.set_ylabel(metric)
+    axes.legend(fontsize="small")
+    return figure
 
 
-def write_learning_curves(histories: dict, metric: str, study_dir: Path) -> str:
-    def draw(plt):
-        figure, axes = plt.subplots(figsize=(8, 5))
-        for number, history in sorted(histories.items()):
-            if history is not None and metric in history:
-                axes.plot(history["step"], history[metric], marker="o", label=f"trial {number}")
-        axes.set_xlabel("step")
-        axes.set_ylabel(metric)
-        axes.legend(fontsize="small")
-        return figure
-
-    return _plot(study_dir, LEARNING_CURVES_PNG, draw)
-
-
-def write_pbt_schedule(histories: dict, keys: list[str], study_dir: Path) -> str:
-    """Each mutated key's value at every reported step of every trial (csv and one plot per key)."""
+def pbt_schedule(histories: dict, keys: list[str], study_dir: Path):
+    """Each mutated key's value at every reported step of every trial: written as pbt_schedule.csv, drawn one plot
+    per key."""
+    import matplotlib.pyplot as plt
     import pandas as pd
 
     rows = []
@@ -156,15 +151,11 @@ def write_pbt_schedule(histories: dict, keys: list[str], study_dir: Path) -> str
                          **{k: row.get(f"{PARAM_PREFIX}{k}") for k in keys}})
     table = pd.DataFrame(rows)
     table.to_csv(study_dir / PBT_SCHEDULE_CSV, index=False)
-
-    def draw(plt):
-        figure, axes = plt.subplots(len(keys), 1, figsize=(8, 3 * len(keys)), squeeze=False)
-        for axis, key in zip(axes[:, 0], keys):
-            for number, part in table.groupby("trial"):
-                axis.step(part["step"], part[key], where="post", marker="o", label=f"trial {number}")
-            axis.set_ylabel(key)
-            axis.set_xlabel("step")
-        axes[0, 0].legend(fontsize="small")
-        return figure
-
-    return _plot(study_dir, PBT_SCHEDULE_PNG, draw)
+    figure, axes = plt.subplots(len(keys), 1, figsize=(8, 3 * len(keys)), squeeze=False)
+    for axis, key in zip(axes[:, 0], keys):
+        for number, part in table.groupby("trial"):
+            axis.step(part["step"], part[key], where="post", marker="o", label=f"trial {number}")
+        axis.set_ylabel(key)
+        axis.set_xlabel("step")
+    axes[0, 0].legend(fontsize="small")
+    return figure

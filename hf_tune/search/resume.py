@@ -3,9 +3,9 @@ on from the last complete checkpoint in its folder, under the same trial number 
 
 Each trial records its worker (host, process id and the process's start time) when it starts. A RUNNING trial whose
 worker was on this host and no longer runs is an orphan; the rerun claims it (a file lock in its folder, so two
-reruns never both take it), then drives it as Trainer's Optuna search would (``train(trial=...)``, the objective,
-``study.tell``), since Optuna hands out only new trials. A trial killed on another machine is left to that machine
-(with a database storage, Optuna's heartbeat fails it once it is stale).
+reruns never both take it), then trains it as the trial loop trains a new one (``search.trials.run_trial``: build,
+train, ``study.tell``), since Optuna hands out only new trials. A trial killed on another machine is left to that
+machine (with a database storage, Optuna's heartbeat fails it once it is stale).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 
 import optuna
 
@@ -72,45 +71,22 @@ def claimed_orphans(study, storage, folder_of):
             lock.release()
 
 
-def resume_orphaned_trials(trainer, hooks, storage, study_name: str, study_dir: Path, hp_name) -> list[int]:
-    """Resume every orphaned trial of the study in turn; returns their numbers."""
-    study = optuna.load_study(study_name=study_name, storage=storage)
+def resume_orphaned_trials(study, storage, folder_of, train) -> list[int]:
+    """Resume every orphaned trial of the study in turn, each by ``train(trial, checkpoint)`` (the trial loop's own
+    ``run_trial``, which tells Optuna how it ended) from its last complete checkpoint in ``folder_of(trial)`` (from
+    the start when it saved none); returns their numbers."""
     resumed = []
-    for frozen in claimed_orphans(study, storage, lambda t: study_dir / hp_name(t)):
-        resume_trial(trainer, hooks, study, storage, frozen, study_dir / hp_name(frozen))
+    for frozen in claimed_orphans(study, storage, folder_of):
+        trial = optuna.trial.Trial(study, frozen._trial_id)
+        checkpoint = last_complete_checkpoint(folder_of(frozen))
+        trial.set_user_attr("worker", this_worker())
+        trial.set_user_attr("resumed_from", checkpoint.name if checkpoint else None)
+        logger.info("search: trial %d was left running by a worker that is gone; resuming it from %s with %s",
+                    frozen.number, checkpoint or "its start (no complete checkpoint)", frozen.params)
+        with heartbeat(storage, frozen._trial_id):
+            train(trial, str(checkpoint) if checkpoint else None)
         resumed.append(frozen.number)
     return resumed
-
-
-def resume_trial(trainer, hooks, study, storage, frozen, folder: Path) -> None:
-    """Train the trial on from its last complete checkpoint (from the start when it saved none) and tell Optuna how
-    it ended, as ``Study.optimize`` would."""
-    from transformers.trainer_utils import HPSearchBackend
-
-    trial = optuna.trial.Trial(study, frozen._trial_id)
-    checkpoint = last_complete_checkpoint(folder)
-    trial.set_user_attr("worker", this_worker())
-    trial.set_user_attr("resumed_from", checkpoint.name if checkpoint else None)
-    logger.info("search: trial %d was left running by a worker that is gone; resuming it from %s with %s",
-                frozen.number, checkpoint or "its start (no complete checkpoint)", frozen.params)
-    # what Trainer.hyperparameter_search sets before its backend runs the trials
-    trainer.hp_search_backend = HPSearchBackend.OPTUNA
-    trainer.hp_space, trainer.compute_objective = hooks.hp_space, hooks.compute_objective
-    trainer.hp_name = lambda t: folder.name
-    trainer.objective = None
-    try:
-        with heartbeat(storage, frozen._trial_id):
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None, trial=trial)
-            if trainer.objective is None:  # no evaluation during training
-                trainer.objective = trainer.compute_objective(trainer.evaluate())
-        study.tell(trial, trainer.objective)
-    except optuna.TrialPruned:
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    except Exception as err:  # the study goes on, as it does for any failing trial
-        logger.warning("search: resumed trial %d failed: %s: %s", frozen.number, type(err).__name__, err)
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    finally:
-        trainer.hp_search_backend = None
 
 
 @contextmanager
