@@ -34,7 +34,6 @@ test-gpu: setup
 	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/sft_throughput.py $(BENCH_ARGS)
 
 clean-runs:

@@ -1,6 +1,6 @@
 """SFT throughput: hf_tune's default LLM recipe against plain Trainer setups and TRL, side by side in one run.
 
-    python benchmarks/sft_throughput.py                 # or: make bench   (needs the bench extra: pip install -e .[bench])
+    python benchmarks/sft_throughput.py                 # or: make bench
     python benchmarks/sft_throughput.py --examples 400 --setups hf_tune,flattening
     python benchmarks/sft_throughput.py --repeat 3      # hf_tune and the hand-written script 3 times each, interleaved
 

@@ -149,9 +149,22 @@ def _read(prompt: str) -> str | None:
         return None
 
 
+def installed_version() -> str:
+    """The installed distribution's version (what pip sees), else the source tree's ``hf_tune.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hf_tune")
+    except PackageNotFoundError:
+        from hf_tune import __version__
+
+        return __version__
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="hf-tune", description="Fine-tune Hugging Face models from a YAML recipe.")
     p.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    p.add_argument("--version", action="version", version=f"hf-tune {installed_version()}")
     verbs = p.add_subparsers(dest="verb", required=True)
 
     def recipe_verb(name: str, func, help_text: str) -> argparse.ArgumentParser:

@@ -29,7 +29,6 @@ from transformers import TrainerCallback
 
 from hf_tune.data.packing import next_token_trained
 
-PEAK_CACHE = Path.home() / ".cache" / "hf_tune" / "peak_flops.json"
 
 
 @dataclass
@@ -228,8 +227,11 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     else:
         name = f"{cpu_name()}-{torch.get_num_threads()}threads"
     key = f"{name}/{dtype}"
+    from hf_tune.model.embedded import cache_dir
+
+    peak_cache = cache_dir() / "peak_flops.json"
     try:
-        cache = json.loads(PEAK_CACHE.read_text())
+        cache = json.loads(peak_cache.read_text())
     except (OSError, ValueError):
         cache = {}
     if key not in cache:
@@ -247,8 +249,8 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
             _sync(device)
             best = max(best, 10 * 2 * n**3 / (time.perf_counter() - start))
         cache[key] = best
-        PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        PEAK_CACHE.write_text(json.dumps(cache, indent=1))
+        peak_cache.parent.mkdir(parents=True, exist_ok=True)
+        peak_cache.write_text(json.dumps(cache, indent=1))
     return cache[key]
 
 

@@ -54,7 +54,11 @@ EMBEDDED_MODELS = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HF_TUNE_CACHE", Path.home() / ".cache" / "hf_tune"))
+    """hf_tune's cache (embedded models, reference log-probs, peak FLOP/s): ``HF_TUNE_CACHE``, else
+    ``$XDG_CACHE_HOME/hf_tune``, else ``~/.cache/hf_tune`` (point it off a small home quota on a cluster)."""
+    if os.environ.get("HF_TUNE_CACHE"):
+        return Path(os.environ["HF_TUNE_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "hf_tune"
 
 
 def is_embedded(name: str) -> bool:
