@@ -16,8 +16,14 @@ def _validate(args) -> None:
     from hf_tune.preflight import load_recipe
     from hf_tune.redaction import redact_secrets
 
+    from hf_tune.effective import hf_tune_defaults, mark_defaults
+
     recipe = load_recipe(args.recipe, args.overrides)
-    print(yaml.safe_dump(redact_secrets(resolved_recipe_dict(recipe)), sort_keys=False), end="")
+    resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)
+    for section, values in defaults.items():  # what the run will use, each marked as hf_tune's default
+        target = resolved.setdefault(section, {})
+        target.update({key: value for key, value in values.items() if target.get(key) is None})
+    print(mark_defaults(yaml.safe_dump(redact_secrets(resolved), sort_keys=False), defaults), end="")
 
 
 def _train(args) -> None:

@@ -238,3 +238,33 @@ def test_a_quantized_base_is_checkpointed_with_the_recipes_kwargs_by_either_name
     layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     assert layers  # every decoder layer recomputes its activations, with the recipe's torch checkpoint arguments
     assert all(m._gradient_checkpointing_func.keywords == {"use_reentrant": True} for m in layers)
+
+
+def test_validate_shows_the_values_hf_tune_decides_marked_as_its_defaults(tiny_llama_dir, tmp_path, capsys):
+    """`hf-tune validate` prints what the run will use: hf_tune's own defaults in place, each marked, and the output
+    is itself a recipe that loads."""
+    import torch
+
+    from conftest import chat_recipe
+    from hf_tune.cli import main as cli_main
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", learning_rate=2e-4)
+    del raw["training"]["per_device_train_batch_size"]
+    raw["data"]["batch_tokens"] = 256
+    cli_main(["validate", str(write_recipe(tmp_path / "r.yaml", raw))])
+    shown = capsys.readouterr().out
+    marked = {line.split(":")[0].strip() for line in shown.splitlines() if line.endswith("# hf_tune's default")}
+    assert {"attn_implementation", "padding_free", "resume_from_checkpoint", "per_device_train_batch_size"} <= marked
+    assert "learning_rate" not in marked and "output_dir" not in marked  # the recipe's own keys are not marked
+    effective = yaml.safe_load(shown)
+    assert effective["training"]["resume_from_checkpoint"] == "auto"
+    assert effective["training"]["per_device_train_batch_size"] == 1  # one pack of data.batch_tokens per step
+    assert effective["model"]["attn_implementation"] == "sdpa_varlen" and effective["data"]["padding_free"] is True
+    if not torch.cuda.is_available():
+        assert "use_cpu" in marked and effective["training"]["use_cpu"] is True
+    assert load_recipe(effective).training["resume_from_checkpoint"] == "auto"  # what it shows is a recipe
+
+    raw["model"]["attn_implementation"] = "eager"  # the recipe's choice: shown unmarked, and packs stay padded
+    cli_main(["validate", str(write_recipe(tmp_path / "r.yaml", raw))])
+    shown = capsys.readouterr().out
+    assert "  attn_implementation: eager\n" in shown and "  padding_free: false  # hf_tune's default" in shown
