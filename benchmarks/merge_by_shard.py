@@ -6,7 +6,9 @@ A random Llama (SmolLM2's vocabulary, untied, bfloat16) is saved in several safe
 with a random LoRA adapter (r=16) on every linear layer of its blocks. Each merge then runs in a fresh subprocess,
 one at a time: hf_tune's merge by shard, and PEFT's merge_and_unload of the whole model (the path hf_tune took before,
 and still takes for LoRA variants). Each child reports its own peak RSS (resource.getrusage, ru_maxrss) and its RSS
-after the imports, before the merge starts. Prints a Markdown table for benchmarks/RESULTS.md.
+after the imports, before the merge starts. The peak is /proc/self/status VmHWM: Linux carries the spawning process's
+peak into a child's ru_maxrss at exec, so the model is built in its own process and ru_maxrss is shown beside it.
+Prints a Markdown table for benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -28,19 +30,20 @@ import torch, transformers, peft, safetensors  # imported before the floor is re
 import hf_tune.hub as hub
 import hf_tune.model.merge
 
-def rss_now():
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+def status(field):  # VmRSS: now; VmHWM: the peak of this process's own memory since its exec
+    line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
     return int(line.split()[1]) * 1024
 
 run, out, path, dtype, check = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "check"
 torch.set_num_threads(2)
 if path == "peft":
     hub._shard_plan = lambda *args: None  # the whole-model merge through PEFT, as before the merge by shard
-floor = rss_now()
+floor = status("VmRSS")
 start = time.perf_counter()
 result = hub.merge(run, out, dtype=dtype, check=check)
 seconds = time.perf_counter() - start
-print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "floor_rss": floor,
+print(json.dumps({"peak_rss": status("VmHWM"), "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "floor_rss": floor,
                   "seconds": seconds, "streamed": "streamed" in result,
                   "relative_diff": result.get("relative_diff")}))
 """
@@ -95,9 +98,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=26)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check", action="store_true", help="also merge with --check (reference logits)")
+    parser.add_argument("--build", default=None, help=argparse.SUPPRESS)  # the model, built in its own process
     args = parser.parse_args()
+    if args.build:
+        run, parameters, base_bytes = build(Path(args.build), args.shard_size, args.layers)
+        print(json.dumps([str(run), parameters, base_bytes]))
+        return
     with tempfile.TemporaryDirectory(prefix="hf_tune-merge-bench-") as scratch:
-        run, parameters, base_bytes = build(Path(scratch), args.shard_size, args.layers)
+        built = subprocess.run([sys.executable, __file__, "--build", scratch, "--shard-size", args.shard_size,
+                                "--layers", str(args.layers)], cwd=ROOT, capture_output=True, text=True, check=True)
+        run, parameters, base_bytes = json.loads(built.stdout.strip().splitlines()[-1])
+        run = Path(run)
         shards = len(list((Path(scratch) / "base").glob("*.safetensors")))
         largest = max(f.stat().st_size for f in (Path(scratch) / "base").glob("*.safetensors"))
         adapter = (run / "adapter_model.safetensors").stat().st_size
@@ -110,14 +121,14 @@ def main() -> None:
           f"{shards} shards (largest {largest / GIB:.2f} GiB); adapter r=16 on all linear layers, {adapter / 2**20:.0f}"
           f" MiB; merged to {args.dtype}; {platform.processor() or platform.machine()}, torch threads 2\n")
     print("| merge | --check | peak RSS (GiB) | RSS after imports (GiB) | peak - imports (GiB) | peak / model size "
-          "| time (s) | output shards |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| ru_maxrss (GiB) | time (s) | output shards |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for path, check, r in rows:
         name = "by shard (hf_tune)" if path == "shards" else "whole model (PEFT merge_and_unload)"
         assert r["streamed"] == (path == "shards"), r
         print(f"| {name} | {'yes' if check else 'no'} | {r['peak_rss'] / GIB:.2f} | {r['floor_rss'] / GIB:.2f} | "
-              f"{(r['peak_rss'] - r['floor_rss']) / GIB:.2f} | {r['peak_rss'] / base_bytes:.2f} | {r['seconds']:.1f} | "
-              f"{r['out_shards']} |")
+              f"{(r['peak_rss'] - r['floor_rss']) / GIB:.2f} | {r['peak_rss'] / base_bytes:.2f} | "
+              f"{r['ru_maxrss'] / GIB:.2f} | {r['seconds']:.1f} | {r['out_shards']} |")
 
 
 if __name__ == "__main__":
