@@ -302,9 +302,8 @@ def test_the_collator_flattens_packs_where_the_attention_runs_examples_apart(tin
 
     recipe = chat_recipe(tiny_llama_dir, "unused")
     recipe["data"]["batch_tokens"] = 512
-    if attn_implementation:
-        recipe["model"]["attn_implementation"] = attn_implementation
-    collator = build_collator(load_recipe(recipe), smol_tokenizer, LlamaForCausalLM)
+    # the attention the built model runs (a recipe naming flash_attention_2 is refused where flash-attn is missing)
+    collator = build_collator(load_recipe(recipe), smol_tokenizer, LlamaForCausalLM, attn_implementation)
     batch = collator(make_examples(LENGTHS))
     assert ("position_ids" in batch and batch["input_ids"].shape[0] == 1) == padding_free
     assert ("cu_seq_lens_q" in batch) == boundaries

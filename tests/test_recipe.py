@@ -90,8 +90,11 @@ def test_missing_file_names_the_key(override, key):
 
 
 def test_upstream_training_arguments_error_is_reraised_with_the_recipe_key():
+    message = error_of(with_(["training.save_strategy=steps", "training.save_steps=2.5"]))
+    assert message.startswith("training.save_steps:") and "TrainingArguments" in message
+    # load_best_model_at_end's own conditions are checked first, naming the key to change
     message = error_of(with_(["training.load_best_model_at_end=true", "training.save_strategy=epoch"]))
-    assert message.startswith("training.load_best_model_at_end:") and "TrainingArguments" in message
+    assert message.startswith("training.save_strategy: is 'epoch' and training.eval_strategy is 'steps'")
     assert error_of(with_(["training.eval_strategy=stepz"])).startswith("training.eval_strategy:")
 
 
