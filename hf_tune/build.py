@@ -55,17 +55,16 @@ class Run:
     args: TrainingArguments
     tokenizer: Any
     data: TrainingData
-    model: Any | None  # None when the trainer builds one per trial (search)
+    model: Any | None
     trainer: HfTuneTrainer | None = None
 
 
 def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: TrainingData | None = None,
-              trial_hooks=None, check_launch: bool = True) -> Run:
+              check_launch: bool = True) -> Run:
     """Everything a run needs, built in order. ``args``: the recipe's training arguments, when the caller needed
     them first (``train`` decides where to resume before building the rest); ``data``: datasets already built (the
-    folds of cross-validation); ``trial_hooks``: a search's hooks (``attach(run)``, ``model_init``): no model is
-    built now, the trainer calls ``model_init`` for each trial. ``check_launch=False``: build for a launch other than
-    this one (``hf-tune plan --world-size 8`` on a laptop for a cluster's FSDP recipe), without refusing this one."""
+    folds of cross-validation, a search's trials). ``check_launch=False``: build for a launch other than this one,
+    without refusing this one."""
     if args is None:
         args = build_training_arguments(recipe)
     if check_launch:
@@ -76,17 +75,12 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
     if data is None:
         data = build_data(recipe, tokenizer, args)
     run = Run(recipe, args, tokenizer, data, model=None)
-    extra = {}
-    if trial_hooks is None:
-        set_seed(args.seed)
-        # TRL's trainers wrap the model with the recipe's LoRA themselves: the reference is the adapter disabled
-        run.model = build_model(dataclasses.replace(recipe, lora=None) if method.uses_trl else recipe, tokenizer,
-                                data.labels)
-    else:
-        trial_hooks.attach(run)  # model_init builds each trial's model from the run's tokenizer and labels
-        extra["model_init"] = trial_hooks.model_init
+    set_seed(args.seed)
+    # TRL's trainers wrap the model with the recipe's LoRA themselves: the reference is the adapter disabled
+    run.model = build_model(dataclasses.replace(recipe, lora=None) if method.uses_trl else recipe, tokenizer,
+                            data.labels)
     with stage_errors(lambda message: blame_key("training", recipe.training, message), "building the Trainer"):
-        run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args, **extra)
+        run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args)
     if method.uses_trl:  # the model TRL wrapped with the adapter, and the examples it tokenized
         run.model = run.trainer.model
         run.data = TrainingData(run.trainer.train_dataset, run.trainer.eval_dataset, labels=None)

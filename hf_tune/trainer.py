@@ -167,9 +167,6 @@ def _build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_
     """A TRL method's trainer. TRL wraps the model with the recipe's LoRA itself (``peft_config``), so that its
     reference is the base with the adapter disabled, and tokenizes the data in its own layouts."""
     method, task = method_of(recipe.method), task_of(recipe.model.task)
-    if "model_init" in kwargs:
-        raise HfTuneError(f"method {method.name!r}: {method.trainer.__name__} builds on one model, so a search "
-                          "cannot build one per trial through model_init")
     extra = {}
     if recipe.lora is not None:
         from peft import LoraConfig
