@@ -8,6 +8,7 @@ They run after the pure recipe validation and report every problem they find at 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from hf_tune.recipe import Recipe, apply_values, read_recipe, validate_recipe
 from hf_tune.model.meta import config_model_class, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.sources import OFFLINE_MODEL_FIX, looks_like_local_path
+from hf_tune.tracking import check_explicit_wandb_online
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
@@ -138,5 +140,39 @@ def _check_lora_init(recipe: Recipe) -> None:
                           "device, and this machine has neither", fix="use pissa or olora (they run on CPU), or true")
 
 
+# flash attention packages: transformers' attn_implementation -> (module, how to install it)
+FLASH_PACKAGES = {
+    "flash_attention_2": ("flash_attn", "pip install flash-attn --no-build-isolation (CUDA, Ampere or newer)"),
+    "flash_attention_3": ("flash_attn_interface", "build FA3 from source (Hopper GPUs): git clone "
+                          "https://github.com/Dao-AILab/flash-attention && cd flash-attention/hopper && "
+                          "python setup.py install"),
+}
+
+
+def _check_flash_attention_installed(recipe: Recipe) -> None:
+    """``model.attn_implementation: flash_attention_2`` (or _3) needs its package, or transformers' Hub kernel already
+    in the local cache (``kernels`` installed); else the model would fail to build, after the data is read."""
+    name = recipe.model.attn_implementation
+    if name not in FLASH_PACKAGES or importlib.util.find_spec(FLASH_PACKAGES[name][0]) is not None:
+        return
+    from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK
+
+    from hf_tune.model.attention_choice import cached_kernel_commit
+
+    if importlib.util.find_spec("kernels") is not None and cached_kernel_commit(FLASH_ATTN_KERNEL_FALLBACK[name]):
+        return
+    raise RecipeError("model.attn_implementation", f"is {name!r}, but the {FLASH_PACKAGES[name][0]} package is not "
+                      "installed (nor transformers' Hub kernel for it cached)", fix=f"{FLASH_PACKAGES[name][1]}; or "
+                      "remove the key: hf_tune runs flash attention where it is installed, else sdpa_varlen")
+
+
+def _check_wandb_online(recipe: Recipe) -> None:
+    """The user's ``WANDB_MODE=online`` wins over hf_tune's offline fallback, so it must work (asks only when set)."""
+    targets = recipe.training.get("report_to")
+    if any(name in ("wandb", "all") for name in ([targets] if isinstance(targets, str) else list(targets or []))):
+        check_explicit_wandb_online()
+
+
 CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_fsdp, _check_push, _check_training_arguments,
-                                                 _check_search_samples, _check_lora_init)
+                                                 _check_search_samples, _check_lora_init,
+                                                 _check_flash_attention_installed, _check_wandb_online)

@@ -395,7 +395,8 @@ def test_an_unset_wandb_mode_still_falls_back_to_offline(tmp_path, monkeypatch):
     from hf_tune.tracking import _choose_wandb_mode
 
     for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so the WANDB_MODE the code sets is undone after the test
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     _choose_wandb_mode(tmp_path)

@@ -87,7 +87,8 @@ def network(monkeypatch):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
     for name in ("WANDB_BASE_URL", "WANDB_API_KEY", "WANDB_MODE"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so a WANDB_MODE the code sets is undone after the test
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NETRC", "/nonexistent/netrc")
     monkeypatch.setenv("WANDB_CONFIG_DIR", "/nonexistent/wandb")
 

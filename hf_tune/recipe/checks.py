@@ -41,7 +41,6 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     check_deepspeed_config(recipe.training, optim_given)
     _check_fsdp_with_deepspeed(recipe)
     _check_integrations_installed(recipe.training)
-    check_flash_attention_installed(recipe.model.attn_implementation)
     check_quantization(recipe)
     if recipe.optim.loraplus_lr_ratio is not None and recipe.lora is None:
         raise RecipeError("optim.loraplus_lr_ratio", "scales the LR of LoRA B matrices, and the recipe has no lora "
@@ -189,35 +188,6 @@ def _check_integrations_installed(training: dict) -> None:
         if name in INTEGRATIONS and importlib.util.find_spec(INTEGRATIONS[name][0]) is None:
             raise RecipeError(key, f"needs the {INTEGRATIONS[name][0]} package, which is not installed",
                               fix=INTEGRATIONS[name][1])
-    if any(name in ("wandb", "all") for _, name in wanted):
-        from hf_tune.tracking import check_explicit_wandb_online
-
-        check_explicit_wandb_online()  # the user's WANDB_MODE=online wins, so it must work (asks only when set)
-
-
-# flash attention packages: transformers' attn_implementation -> (module, how to install it)
-FLASH_PACKAGES = {
-    "flash_attention_2": ("flash_attn", "pip install flash-attn --no-build-isolation (CUDA, Ampere or newer)"),
-    "flash_attention_3": ("flash_attn_interface", "build FA3 from source (Hopper GPUs): git clone "
-                          "https://github.com/Dao-AILab/flash-attention && cd flash-attention/hopper && "
-                          "python setup.py install"),
-}
-
-
-def check_flash_attention_installed(name: str | None) -> None:
-    """``model.attn_implementation: flash_attention_2`` (or _3) needs its package, or transformers' Hub kernel already
-    in the local cache (``kernels`` installed); else the model would fail to build, after the data is read."""
-    if name not in FLASH_PACKAGES or importlib.util.find_spec(FLASH_PACKAGES[name][0]) is not None:
-        return
-    from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK
-
-    from hf_tune.model.attention_choice import cached_kernel_commit
-
-    if importlib.util.find_spec("kernels") is not None and cached_kernel_commit(FLASH_ATTN_KERNEL_FALLBACK[name]):
-        return
-    raise RecipeError("model.attn_implementation", f"is {name!r}, but the {FLASH_PACKAGES[name][0]} package is not "
-                      "installed (nor transformers' Hub kernel for it cached)", fix=f"{FLASH_PACKAGES[name][1]}; or "
-                      "remove the key: hf_tune runs flash attention where it is installed, else sdpa_varlen")
 
 
 def _check_fsdp_with_deepspeed(recipe: Recipe) -> None:
