@@ -30,20 +30,12 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def tiny_llama(folder: Path) -> str:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from conftest import save_tiny_llama
+    from transformers import AutoTokenizer
 
     from hf_tune.model.embedded import embedded_model_path
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path("embedded:SmolLM2-135M-Instruct"))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_llama(folder, AutoTokenizer.from_pretrained(embedded_model_path("embedded:SmolLM2-135M-Instruct")))
 
 
 def main() -> None:

@@ -34,17 +34,22 @@ def smol_tokenizer(smol_dir):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smol_tokenizer) -> str:
     """A randomly initialised 2-layer Llama with SmolLM2's tokenizer and chat template: the fast path for tests."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smol_tokenizer)
+
+
+def save_tiny_llama(folder: Path, tokenizer, seed: int = 0) -> str:
+    """A random 2-layer Llama drawn with ``seed`` (same names, shapes and dtypes whatever the seed), saved with
+    ``tokenizer`` into ``folder``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         pad_token_id=smol_tokenizer.pad_token_id, eos_token_id=smol_tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          tie_word_embeddings=True)
-    folder = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(config).save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return str(folder)
 
 

@@ -12,23 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe, free_port
+from conftest import REPO, chat_recipe, free_port, save_tiny_llama
 from test_methods import conversational_pairs, method_recipe
-
-
-def tiny_llama(folder: Path, tokenizer, seed: int) -> str:
-    """A random 2-layer Llama (conftest's architecture) drawn with ``seed``: same names, shapes and dtypes."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 def chosen_logps(base: str, rows: list[dict]) -> list[float]:
@@ -54,8 +39,8 @@ def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path
     """One 2-process ZeRO-3 launch builds the DPO trainers of base A, base B (same architecture, other seed), then
     A again: B computes its own reference from its own weights, A's second trainer reuses A's entry on both ranks.
     The base is identified by its files, or (as a model built in memory) by its weights gathered from the shards."""
-    bases = {"a": tiny_llama(tmp_path / "base-a", smol_tokenizer, seed=1),
-             "b": tiny_llama(tmp_path / "base-b", smol_tokenizer, seed=2)}
+    bases = {"a": save_tiny_llama(tmp_path / "base-a", smol_tokenizer, seed=1),
+             "b": save_tiny_llama(tmp_path / "base-b", smol_tokenizer, seed=2)}
     data = conversational_pairs(tmp_path / "p.jsonl")
     # every weight partitioned, none kept gathered after use: as on a 7B-70B model, where each rank holds shards only
     zero3 = json.loads((REPO / "hf_tune" / "ds_configs" / "zero3.json").read_text())
@@ -136,7 +121,7 @@ def test_the_base_identity_follows_its_files_not_its_folder(tmp_path, smol_token
     from hf_tune.reference import files_identity
 
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
-    folders = {seed: tiny_llama(tmp_path / f"seed{seed}", smol_tokenizer, seed) for seed in (1, 2)}
+    folders = {seed: save_tiny_llama(tmp_path / f"seed{seed}", smol_tokenizer, seed) for seed in (1, 2)}
     shutil.copytree(folders[1], tmp_path / "copy")
     identity = {name: files_identity(AutoModelForCausalLM.from_pretrained(path))
                 for name, path in (("one", folders[1]), ("two", folders[2]), ("copy", tmp_path / "copy"))}
