@@ -271,3 +271,13 @@ def test_validate_shows_the_values_hf_tune_decides_marked_as_its_defaults(tiny_l
     cli_main(["validate", str(write_recipe(tmp_path / "r.yaml", raw))])
     shown = capsys.readouterr().out
     assert "  attn_implementation: eager\n" in shown and "  padding_free: false  # hf_tune's default" in shown
+
+
+def test_the_readme_example_recipe_is_the_shipped_one_abridged():
+    """Every key the README's example sets has the shipped recipe's value (the README drifted from it before)."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("# recipes/llm_lora.yaml, abridged\n", 1)[1].split("```", 1)[0]
+    example, shipped = yaml.safe_load(block), yaml.safe_load((REPO / "recipes" / "llm_lora.yaml").read_text())
+    pairs = [(f"{section}.{key}", value, shipped[section].get(key, "missing"))
+             for section, keys in example.items() for key, value in keys.items()]
+    assert len(pairs) > 15 and [p for p in pairs if p[1] != p[2]] == []

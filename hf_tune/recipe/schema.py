@@ -158,7 +158,8 @@ class EvaluationSection(_Section):
 
 
 class HubSection(_Section):
-    """Model-card metadata for ``hf-tune push`` and ``training.push_to_hub`` (the push itself uses upstream keys)."""
+    """Model-card metadata for ``hf-tune push`` (``training.push_to_hub`` is refused: it would upload the whole run
+    folder)."""
 
     license: str | None = Field(default=None, description="e.g. apache-2.0; default: the base model's, where known")
     tags: list[str] = Field(default_factory=list, description="extra tags; hf_tune and lora are added")
