@@ -142,3 +142,15 @@ def test_under_liger_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa:
     liger = plan(load_recipe(path, ["training.use_liger_kernel=true"]), out_dir=tmp_path)
     tokens = plain["activations"]["tokens"]
     assert tokens == 4096 and plain["activations"]["bytes"] - liger["activations"]["bytes"] == 12 * tokens * 262_144
+
+
+def test_a_plan_writes_only_into_its_out_folder(offline, tmp_path, monkeypatch):  # noqa: F811
+    """``hf-tune plan --out DIR`` leaves no empty run folder behind (``training.output_dir`` is relative here)."""
+    from hf_tune import load_recipe
+    from hf_tune.plan import plan
+
+    recipe = load_recipe(REPO / "recipes/scale/llama-3.1-8b-1x24gb.yaml",
+                         [f"data.train.path={REPO / 'examples/data/chat_demo.jsonl'}"])
+    monkeypatch.chdir(tmp_path)
+    plan(recipe, out_dir=tmp_path / "plan")
+    assert recipe.training["output_dir"].startswith("runs/") and not (tmp_path / "runs").exists()
