@@ -77,7 +77,8 @@ def estimate(recipe: dict, world: int, models: dict) -> float:
 
     parsed = validate_recipe(recipe)
     parsed = dataclasses.replace(parsed, training=resolve_schedule(parsed.training, parsed.optim))
-    key = (parsed.lora is not None, bool(parsed.model.quantization_config))
+    # candidates differ in tuning and dtype only (a full fine-tune under DDP keeps float32 weights)
+    key = (parsed.lora is not None, bool(parsed.model.quantization_config), parsed.model.dtype)
     if key not in models:
         models[key] = build_meta_model(parsed)
     return plan_memory(parsed, build_training_arguments(parsed), models[key], world)["peak_per_rank"]
