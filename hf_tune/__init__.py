@@ -21,7 +21,7 @@ _EXPORTS = {
     "HfTuneError": "hf_tune.errors",
     "RecipeError": "hf_tune.errors",
     "Recipe": "hf_tune.recipe.schema",
-    "load_recipe": "hf_tune.preflight",
+    "load_recipe": "hf_tune.recipe_loading",
     "build_run": "hf_tune.build",
     "Run": "hf_tune.build",
     "build_training_arguments": "hf_tune.training_args",

@@ -13,7 +13,7 @@ from hf_tune.run import recipe_arguments, user_errors
 
 def _validate(args) -> None:
     from hf_tune.optim.schedule import resolved_recipe_dict
-    from hf_tune.preflight import load_recipe
+    from hf_tune.recipe_loading import load_recipe
     from hf_tune.redaction import redact_secrets
 
     from hf_tune.effective import hf_tune_defaults, mark_defaults
@@ -34,7 +34,7 @@ def _train(args) -> None:
 
 def _plan(args) -> None:
     from hf_tune.plan import format_plan, plan
-    from hf_tune.preflight import load_recipe
+    from hf_tune.recipe_loading import load_recipe
 
     print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
 
@@ -52,7 +52,7 @@ def _init(args) -> None:
 
 def _cv(args) -> None:
     from hf_tune.cv import cross_validate
-    from hf_tune.preflight import load_recipe
+    from hf_tune.recipe_loading import load_recipe
 
     result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
     for name, stats in result["summary"].items():
@@ -60,7 +60,7 @@ def _cv(args) -> None:
 
 
 def _search(args) -> None:
-    from hf_tune.preflight import load_recipe
+    from hf_tune.recipe_loading import load_recipe
     from hf_tune.search import format_summary, search
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -105,7 +105,7 @@ def _register(args) -> None:
 
 
 def _profile(args) -> None:
-    from hf_tune.preflight import load_recipe
+    from hf_tune.recipe_loading import load_recipe
     from hf_tune.profiling import format_profile, profile_recipe
 
     summary = profile_recipe(load_recipe(args.recipe, args.overrides), out=args.out)

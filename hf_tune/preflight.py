@@ -1,8 +1,7 @@
 """Checks that ask a builder: is the model there (the Hub, the local cache, an embedded package), does
 ``TrainingArguments`` accept the section, do the FSDP wrap classes exist in the model, can a push reach the Hub.
-They run after the pure recipe validation and report every problem they find at once.
-
-``load_recipe`` is what users call: read and validate (``hf_tune.recipe``), resolve the schedule, then preflight.
+They run after the pure recipe validation and report every problem they find at once (``hf_tune.recipe_loading``'s
+``load_recipe`` runs both).
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ import importlib.util
 import logging
 import os
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 from hf_tune.model.embedded import is_embedded, locate_embedded
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.network import hub_is_reachable
 from hf_tune.optim.schedule import resolve_schedule
-from hf_tune.recipe import Recipe, apply_values, read_recipe, validate_recipe
+from hf_tune.recipe import Recipe, apply_values, validate_recipe
 from hf_tune.model.meta import config_model_class, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.sources import OFFLINE_MODEL_FIX, looks_like_local_path
@@ -26,15 +25,6 @@ from hf_tune.tracking import check_explicit_wandb_online
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
-
-
-def load_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str] | None = None) -> Recipe:
-    """Read a recipe (a YAML path or a dict), apply ``section.key=value`` overrides, validate every section, and
-    run the preflight checks: everything that can fail before the first step fails here. The schedule is resolved
-    when TrainingArguments are built (and shown resolved in recipe.yaml and ``hf-tune validate``)."""
-    recipe = read_recipe(recipe, overrides)
-    preflight(recipe)
-    return recipe
 
 
 def preflight(recipe: Recipe) -> None:

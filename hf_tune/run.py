@@ -79,7 +79,7 @@ def user_errors(debug: bool):
 def main(argv: list[str] | None = None) -> None:
     # imported here: `hf-tune --help` and the other verbs import this module, and need none of it
     from hf_tune.distributed import end_process_group
-    from hf_tune.preflight import load_recipe
+    from hf_tune.recipe_loading import load_recipe
     from hf_tune.training import how_to_use, train
 
     args = parser().parse_args(argv)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from hf_tune.distributed import end_process_group
-from hf_tune.preflight import load_recipe
+from hf_tune.recipe_loading import load_recipe
 from hf_tune.run import configure_logging, parser, user_errors
 from hf_tune.search import format_summary, search
 
