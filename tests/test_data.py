@@ -232,7 +232,11 @@ def test_data_seed_is_training_data_seed_zero_included_else_seed(tmp_path, tiny_
                                           ("topics_train", "classification")])
 def test_every_shipped_example_file_fits_its_format(name, format):
     raw = load_source(DatasetSource(path=str(DATA / f"{name}.jsonl")), "data.train", format)
-    assert len(raw) > 0
+    rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    required = {"chat": ({"messages"}, {"conversations"}), "instruction": ({"instruction", "output"},),
+                "text": ({"text"},), "classification": ({"text", "label"},)}[format]
+    assert len(raw) == len(rows) > 0  # every line is an example
+    assert all(any(columns <= row.keys() for columns in required) for row in rows)
 
 
 def test_a_bad_example_is_named_by_its_line_even_after_blank_lines(tmp_path):

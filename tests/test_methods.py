@@ -365,10 +365,13 @@ def test_shipped_rewards_read_answers_like_a_person_would():
     assert format_regex(None, ["42", " 42 ", "42 apples"], pattern=r"-?\d+") == [1.0, 1.0, 0.0]
 
 
-def test_every_shipped_method_recipe_validates():
-    for name in ("llm_dpo", "reward_model", "llm_grpo"):
-        recipe = read_recipe(REPO / "recipes" / f"{name}.yaml")
-        assert recipe.method in ("dpo", "reward", "grpo")
+def test_every_shipped_method_recipe_validates(monkeypatch):
+    monkeypatch.chdir(REPO)  # the recipes name their data files relative to the repository
+    expected = {"llm_dpo": ("dpo", "causal_lm"), "reward_model": ("reward", "reward_model"),
+                "llm_grpo": ("grpo", "causal_lm")}  # a reward model's task follows its method
+    for name, (method, task) in expected.items():
+        recipe = load_recipe(REPO / "recipes" / f"{name}.yaml")  # read, then preflight
+        assert (recipe.method, recipe.model.task) == (method, task), name
 
 
 def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):

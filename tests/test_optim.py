@@ -184,6 +184,8 @@ def test_warmup_cosine_with_floor_per_group_follows_the_closed_form(tmp_path, ti
 def test_schedule_counts_optimizer_steps_under_gradient_accumulation(tmp_path, tiny_llama_dir):
     recorder = RecordLr()
     trainer, model = run_tiny_llrd(tiny_llama_dir, tmp_path / "b", recorder, max_steps=8, accumulation=3)
+    assert trainer.args.gradient_accumulation_steps == 3 and trainer.state.global_step == 8
+    assert len(recorder.steps) == 8  # one LR per optimizer step, not one per micro-batch (24)
     check_schedule(trainer, model, recorder, total=8, warmup=4)
 
 
@@ -192,6 +194,7 @@ def test_schedule_continues_exactly_after_resume(tmp_path, tiny_llama_dir):
     recorder = RecordLr()
     trainer, model = run_tiny_llrd(tiny_llama_dir, tmp_path / "c", recorder, max_steps=10,
                                    resume=str(tmp_path / "c" / "checkpoint-6"))
+    assert [step for step, _ in recorder.steps] == [6, 7, 8, 9]  # resumed at step 6, not trained from 0
     check_schedule(trainer, model, recorder, total=10, warmup=4, first_step=6)
 
 

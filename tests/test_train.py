@@ -55,7 +55,9 @@ def test_plain_text_format_trains(tmp_path, tiny_llama_dir):
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run")
     raw["data"] = {"format": "text", "train": {"path": str(DATA / "text_demo.jsonl")}, "max_length": 64}
     trainer = train(load_recipe(raw))
-    assert all(math.isfinite(x) for x in logged_losses(trainer))
+    losses = logged_losses(trainer)
+    assert len(losses) == trainer.state.global_step == 2  # one logged loss per step (logging_steps=1, max_steps=2)
+    assert all(math.isfinite(x) for x in losses)
 
 
 @pytest.mark.slow
