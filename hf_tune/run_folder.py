@@ -9,7 +9,6 @@ MANIFEST = "run.json"  # what the run was and how it ended; its end_time marks a
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # Trainer's checkpoint folders
 CHECKPOINT_MARKER = "hf_tune_complete.json"  # in a checkpoint: every file and its size, once all are written
 TRAINER_STATE = "trainer_state.json"  # Trainer's log history (also in each checkpoint)
-TRAINING_ARGS = "training_args.bin"  # Trainer's pickled arguments (also in each checkpoint)
 TRAIN_RESULTS, EVAL_RESULTS, ALL_RESULTS = "train_results.json", "eval_results.json", "all_results.json"
 RESULTS = (TRAIN_RESULTS, EVAL_RESULTS, ALL_RESULTS)
 LOSS_PLOT, LR_PLOT, EVAL_METRICS_PLOT = "loss.png", "lr.png", "eval_metrics.png"

@@ -32,11 +32,6 @@ def bitsandbytes_config(config: dict[str, Any]):
     return BitsAndBytesConfig(**kwargs)
 
 
-def is_quantized(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return bool(getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
-
-
 def keep_weight_layout(model) -> int:
     """Stop bitsandbytes from repacking 4-bit CPU weights to bfloat16 at the first evaluation (see the module
     docstring); returns how many layers it applies to."""
