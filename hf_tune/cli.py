@@ -12,9 +12,9 @@ from hf_tune.run import recipe_arguments, user_errors
 
 
 def _validate(args) -> None:
-    from hf_tune.optim.schedule import resolved_recipe_dict
     from hf_tune.recipe_loading import load_recipe
     from hf_tune.redaction import redact_secrets
+    from hf_tune.resolved_recipe import resolved_recipe_dict
 
     from hf_tune.effective import hf_tune_defaults, mark_defaults
 

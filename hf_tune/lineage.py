@@ -14,9 +14,9 @@ from typing import Any
 
 from hf_tune import run_folder
 from hf_tune.model.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
-from hf_tune.optim.schedule import resolved_recipe_dict
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
+from hf_tune.resolved_recipe import resolved_recipe_dict
 from hf_tune.sources import looks_like_local_path
 
 PACKAGES = ("hf_tune", "torch", "transformers", "datasets", "accelerate", "peft", "trl", "deepspeed", "optuna",

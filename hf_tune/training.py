@@ -13,9 +13,9 @@ from hf_tune.checkpoints import resume_checkpoint
 from hf_tune.distributed import check_distributed
 from hf_tune.errors import HfTuneError
 from hf_tune.manifest import now, write_manifest
-from hf_tune.optim.schedule import resolved_recipe_dict
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
+from hf_tune.resolved_recipe import resolved_recipe_dict
 from hf_tune.report import write_report
 from hf_tune.tasks import task_of
 from hf_tune.tracking import tracking_scope

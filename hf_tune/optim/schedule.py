@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_tune.errors import RecipeError
-from hf_tune.recipe.schema import OptimSection, Recipe
+from hf_tune.recipe.schema import OptimSection
 
 COSINE_SCHEDULES = ("cosine", "cosine_with_min_lr")
 
@@ -35,12 +35,3 @@ def resolve_schedule(training: dict[str, Any], optim: OptimSection) -> dict[str,
                           fix="set only optim.min_lr_ratio (a ratio of each group's peak LR)")
     kwargs["min_lr_rate"] = kwargs.get("min_lr_rate", ratio)
     return {**training, "lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": kwargs}
-
-
-def resolved_recipe_dict(recipe: Recipe) -> dict[str, Any]:
-    """The recipe as plain data with its schedule made explicit: what recipe.yaml, run.json and ``hf-tune validate``
-    show. The ``Recipe`` itself keeps the keys as written, so a search trial that changes optim.min_lr_ratio or
-    training.lr_scheduler_type resolves its own schedule."""
-    resolved = recipe.to_dict()
-    resolved["training"] = resolve_schedule(recipe.training, recipe.optim)
-    return resolved
