@@ -112,7 +112,8 @@ def run_setup(setup: str, train: Path, evaluation: Path, out: Path) -> dict:
 
     from hf_tune import build_datasets, build_model_and_tokenizer, load_recipe, train as hf_train
     from hf_tune.data import causal_lm_loss
-    from hf_tune.data.packing import CausalLMCollator, pack_by_token_budget
+    from hf_tune.data.collator import CausalLMCollator
+    from hf_tune.data.packing import pack_by_token_budget
 
     shutil.rmtree(out, ignore_errors=True)  # a fresh run folder: hf_tune refuses to start over a finished run
     raw = recipe_dict(train, out)

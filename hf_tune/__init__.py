@@ -27,7 +27,7 @@ _EXPORTS = {
     "build_training_arguments": "hf_tune.training_args",
     "build_model_and_tokenizer": "hf_tune.build",
     "build_datasets": "hf_tune.data",
-    "build_trainer": "hf_tune.trainer",
+    "build_trainer": "hf_tune.build",
     "HfTuneTrainer": "hf_tune.trainer",
     "train": "hf_tune.training",
 }

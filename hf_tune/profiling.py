@@ -15,6 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hf_tune import run_folder
+from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import ProfileSection, Recipe
 
 logger = logging.getLogger(__name__)
@@ -163,12 +164,8 @@ def profile_recipe(recipe: Recipe, out: str | Path | None = None) -> dict[str, A
                 "save_strategy": "no", "eval_strategy": "no", "logging_steps": 1,
                 "resume_from_checkpoint": None, "push_to_hub": False, "load_best_model_at_end": False}
     profiled = dataclasses.replace(recipe, training=training, profile=section)
-    run = build_run(profiled)
     profiler = StepProfiler(section, profile_dir(out))
-    run.trainer.add_callback(profiler)
-    run.trainer.train()
+    build_run(profiled, callbacks=[profiler]).trainer.train()
     if profiler.summary is None:
-        from hf_tune.errors import HfTuneError
-
         raise HfTuneError(f"profile: no profiled step was recorded in {steps} steps")
     return {**profiler.summary, "dir": str(profile_dir(out))}

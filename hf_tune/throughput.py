@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from hf_tune.data.packing import next_token_trained
+from hf_tune.data.loss import next_token_trained
 
 
 

@@ -1,32 +1,29 @@
 """hf_tune's Trainer features as a mixin, extended only through Trainer's own hooks: over ``transformers.Trainer``
-(``HfTuneTrainer``, method sft) and over TRL's trainers (the other methods, ``method_trainer_class``)."""
+(``HfTuneTrainer``, method sft) and over TRL's trainers (the other methods, ``method_trainer_class``). The trainers
+are built, and their callbacks attached, in ``hf_tune.build``."""
 
 from __future__ import annotations
 
 import functools
 import math
 from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
-from transformers import Trainer, TrainingArguments
+from accelerate.data_loader import IterableDatasetShard
+from transformers import Trainer
 from typing_extensions import override
 
-from hf_tune.checkpoints import CheckpointMarker
-from hf_tune.data import build_collator, causal_lm_loss
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
-from hf_tune.evaluation import build_callbacks, build_compute_metrics
 from hf_tune.loss_guard import NonFiniteLossGuard
 from hf_tune.methods import method_of
-from hf_tune.model.attention import loaded_attn_implementation
-from hf_tune.model.loading import model_class
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
-from hf_tune.optim.resume import RecipeHyperparameters
-from hf_tune.recipe.schema import OptimSection, Recipe
+from hf_tune.recipe.schema import OptimSection
 from hf_tune.reference import ReferenceLogpsCache
-from hf_tune.tasks import task_of
 from hf_tune.throughput import Throughput
-from hf_tune.tracking import RecipeToTrackers
+
+C = TypeVar("C")
 
 
 class HfTuneMixin:
@@ -34,7 +31,8 @@ class HfTuneMixin:
     parameter groups (decay / no decay, layer-wise LR decay, head LR), a non-finite loss stops training on every rank
     at the next log or save, before any checkpoint holds it (``hf_tune.loss_guard``), and logs add the LR of the
     lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.throughput``) and, for supervised
-    causal LMs, eval perplexity.
+    causal LMs, eval perplexity. The NaN guard and the throughput counter are callbacks that ``hf_tune.build``
+    attaches (``attach_callbacks``); the hooks feed them where the trainer has them.
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
     optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
@@ -43,17 +41,22 @@ class HfTuneMixin:
 
     def __init__(self, *args, optim: OptimSection | None = None, causal: bool = False,
                  perplexity: bool | None = None, **kwargs):
-        """``causal``: next-token training (the task's), which counts attention FLOPs; ``perplexity``: eval_loss is a
-        next-token loss, so exp(eval_loss) is reported too (default: ``causal``)."""
+        """``causal``: next-token training (the task's); ``perplexity``: eval_loss is a next-token loss, so
+        exp(eval_loss) is reported too (default: ``causal``)."""
         super().__init__(*args, **kwargs)
         self.optim = optim or OptimSection()
         self.causal = causal
         self.perplexity = causal if perplexity is None else perplexity
-        self.throughput = Throughput(causal=causal)
-        self.add_callback(self.throughput)
-        self.loss_guard = NonFiniteLossGuard()  # after DefaultFlowCallback: it reads the step's log / save decision
-        self.add_callback(self.loss_guard)
-        self.add_callback(RecipeHyperparameters(self))  # a resume trains with the recipe's LRs (optim/resume.py)
+
+    @property
+    def throughput(self) -> Throughput | None:
+        """The throughput counter the hooks feed: the one ``hf_tune.build`` attached, None without it."""
+        return callback_of(self, Throughput)
+
+    @property
+    def loss_guard(self) -> NonFiniteLossGuard | None:
+        """The NaN guard the hooks feed: the one ``hf_tune.build`` attached, None without it."""
+        return callback_of(self, NonFiniteLossGuard)
 
     @override
     def create_optimizer(self, model=None):
@@ -69,8 +72,6 @@ class HfTuneMixin:
 
     @override
     def get_train_dataloader(self):
-        from accelerate.data_loader import IterableDatasetShard
-
         dataloader = super().get_train_dataloader()
         if split_by_hf_tune(self.train_dataset):  # this rank's share of a stream (hf_tune.data.streaming)
             shard = dataloader.dataset
@@ -82,20 +83,22 @@ class HfTuneMixin:
 
     @override
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if isinstance(inputs, Mapping) and "input_ids" in inputs:  # GRPO's are prompts, tokenized inside the step
+        throughput = self.throughput
+        if throughput is not None and isinstance(inputs, Mapping) and "input_ids" in inputs:  # GRPO: prompts only
             counted = inputs
             if "completion_mask" in inputs and "labels" not in inputs:  # TRL's pairs: the completions are trained
                 counted = {**inputs, "labels": inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)}
-            self.throughput.add(counted)
+            throughput.add(counted)
         return super().training_step(model, inputs, num_items_in_batch)
 
     @override
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if model.training and "completion_ids" in inputs and "input_ids" not in inputs:
-            self.throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
+        throughput, loss_guard = self.throughput, self.loss_guard
+        if throughput is not None and model.training and "completion_ids" in inputs and "input_ids" not in inputs:
+            throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if model.training:  # a training step: recorded on the device, checked at the next log / save (loss_guard)
-            self.loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
+        if loss_guard is not None and model.training:  # recorded on the device, checked at the next log / save
+            loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
         return result
 
     @override
@@ -107,11 +110,17 @@ class HfTuneMixin:
             if peaks[0]:
                 logs["lr_min"] = logs["learning_rate"] * min(peaks) / peaks[0]
                 logs["lr_max"] = logs["learning_rate"] * max(peaks) / peaks[0]
-        if "loss" in logs or "train_runtime" in logs:  # a training log, or the end of training
-            logs.update(self.throughput.metrics(self.accelerator, final="train_runtime" in logs))
+        throughput = self.throughput
+        if throughput is not None and ("loss" in logs or "train_runtime" in logs):  # a training log, or the end
+            logs.update(throughput.metrics(self.accelerator, final="train_runtime" in logs))
         if "eval_loss" in logs and self.perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
+
+
+def callback_of(trainer: Trainer, kind: type[C]) -> C | None:
+    """The trainer's callback of class ``kind``, or None."""
+    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, kind)), None)
 
 
 def generated_batch(inputs: Mapping) -> dict[str, torch.Tensor]:
@@ -138,45 +147,3 @@ def method_trainer_class(name: str) -> type:
     bases = (ReferenceLogpsCache, HfTuneMixin, upstream) if method.reference else (HfTuneMixin, upstream)
     return type(f"HfTune{upstream.__name__}", bases, {"__doc__": f"{upstream.__name__} with hf_tune's features."})
 
-
-def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
-                  **kwargs) -> HfTuneTrainer:
-    """The trainer of a recipe; ``model`` may be None when ``model_init`` is given (search). The collator follows the
-    attention the model runs, and without a model the one it will choose."""
-    if method_of(recipe.method).uses_trl:
-        return _build_method_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs)
-    task = task_of(recipe.model.task)
-    attention = loaded_attn_implementation(model) if model is not None else None
-    return HfTuneTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        data_collator=build_collator(recipe, tokenizer, model_class(recipe, model), attn_implementation=attention),
-        compute_loss_func=causal_lm_loss if task.causal else None,
-        compute_metrics=build_compute_metrics(recipe.evaluation),
-        callbacks=[CheckpointMarker(), RecipeToTrackers(recipe), *build_callbacks(recipe.evaluation)],
-        optim=recipe.optim,
-        causal=task.causal,
-        **kwargs,
-    )
-
-
-def _build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs):
-    """A TRL method's trainer. TRL wraps the model with the recipe's LoRA itself (``peft_config``), so that its
-    reference is the base with the adapter disabled, and tokenizes the data in its own layouts."""
-    method, task = method_of(recipe.method), task_of(recipe.model.task)
-    extra = {}
-    if recipe.lora is not None:
-        from peft import LoraConfig
-
-        extra["peft_config"] = LoraConfig(task_type=task.peft_task_type, **recipe.lora)
-    if method.generates:
-        from hf_tune.rewards import build_reward_funcs
-
-        extra["reward_funcs"] = build_reward_funcs(recipe.rewards)
-    return method_trainer_class(method.name)(
-        model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
-        callbacks=[CheckpointMarker(), RecipeToTrackers(recipe), *build_callbacks(recipe.evaluation)],
-        optim=recipe.optim, causal=task.causal, perplexity=False, **extra, **kwargs)

@@ -13,6 +13,7 @@ from hf_tune.checkpoints import resume_checkpoint
 from hf_tune.distributed import check_distributed
 from hf_tune.errors import HfTuneError
 from hf_tune.manifest import now, write_manifest
+from hf_tune.profiling import StepProfiler, profile_dir
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 from hf_tune.resolved_recipe import resolved_recipe_dict
@@ -32,11 +33,9 @@ def train(recipe: Recipe):
     run_dir = Path(args.output_dir)
     check_distributed(args)  # a launch that is not really distributed is refused before the ranks talk
     resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
-    run = build_run(recipe, args)  # bad data or a bad model fails here, before anything is written
-    if recipe.profile is not None:  # torch.profiler over the section's steps, into RUN_DIR/profile/
-        from hf_tune.profiling import StepProfiler, profile_dir
-
-        run.trainer.add_callback(StepProfiler(recipe.profile, profile_dir(run_dir)))
+    # torch.profiler over the recipe's profiled steps, into RUN_DIR/profile/
+    profiler = [StepProfiler(recipe.profile, profile_dir(run_dir))] if recipe.profile is not None else []
+    run = build_run(recipe, args, callbacks=profiler)  # bad data or a bad model fails here, before anything is written
     with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
         return _train(run, resume, started)
 

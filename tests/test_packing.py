@@ -45,7 +45,7 @@ def per_example_reference(model, example: dict) -> tuple[float, int]:
 
 @pytest.mark.parametrize("padding_free", [True, False])
 def test_per_example_losses_in_a_batch_equal_each_example_alone(tiny_model, smol_tokenizer, padding_free):
-    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.data.collator import CausalLMCollator
 
     examples = make_examples(LENGTHS)
     batch = CausalLMCollator(smol_tokenizer, padding_free=padding_free, trainable_logits_only=False)(examples)
@@ -69,7 +69,8 @@ def test_per_example_losses_in_a_batch_equal_each_example_alone(tiny_model, smol
 @pytest.mark.parametrize("padding_free", [True, False])
 def test_the_trained_positions_loss_equals_the_mean_over_every_trained_token(tiny_model, smol_tokenizer,
                                                                                padding_free):
-    from hf_tune.data.packing import CausalLMCollator, causal_lm_loss
+    from hf_tune.data.collator import CausalLMCollator
+    from hf_tune.data.loss import causal_lm_loss
 
     examples = make_examples(LENGTHS, seed=1)
     batch = CausalLMCollator(smol_tokenizer, padding_free=padding_free, trainable_logits_only=True)(examples)
@@ -234,7 +235,8 @@ def test_sdpa_varlen_runs_each_flattened_example_apart_forward_and_backward(tiny
     from transformers import AutoModelForCausalLM
 
     from hf_tune.model.attention import NAME
-    from hf_tune.data.packing import CausalLMCollator, causal_lm_loss
+    from hf_tune.data.collator import CausalLMCollator
+    from hf_tune.data.loss import causal_lm_loss
 
     examples = make_examples(LENGTHS, seed=2)
     reference = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -272,7 +274,7 @@ def test_sdpa_varlen_is_plain_sdpa_on_padded_batches(tiny_llama_dir, smol_tokeni
     from transformers import AutoModelForCausalLM
 
     from hf_tune.model.attention import NAME
-    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.data.collator import CausalLMCollator
 
     batch = CausalLMCollator(smol_tokenizer, padding_free=False, trainable_logits_only=False)(
         make_examples(LENGTHS, seed=3))
@@ -317,7 +319,7 @@ def test_sdpa_varlen_keeps_a_sliding_window_exact(tmp_path, smol_tokenizer, wind
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
     from hf_tune.model.attention import NAME
-    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.data.collator import CausalLMCollator
 
     torch.manual_seed(0)
     MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

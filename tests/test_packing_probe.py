@@ -20,7 +20,7 @@ def assert_flattened_examples_equal_each_alone(model_class: type, config) -> Non
     """The independent check: a model of the probe's tiny config, seeded otherwise, under sdpa_varlen; three
     examples flattened by hf_tune's collator (restarting position_ids, cu_seq_lens); each slice of the row's
     logits against the example run alone."""
-    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.data.collator import CausalLMCollator
     from hf_tune.model.attention import NAME
     from hf_tune.model.packing_probe import tiny_config
 

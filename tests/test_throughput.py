@@ -13,7 +13,7 @@ from test_packing import make_examples
 
 def test_token_counter_counts_real_tokens_when_pad_is_eos(smol_tokenizer):
     """The trap: pad = eos, so counting tokens != pad drops every end-of-turn token. Count from the mask instead."""
-    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.data.collator import CausalLMCollator
     from hf_tune.throughput import count_batch
 
     eos = smol_tokenizer.eos_token_id

@@ -32,10 +32,8 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     resume = adopt_checkpoint(tune.get_checkpoint(), folder)
     if resume is None:  # a fresh trial: no report of an earlier study in this folder
         (folder / REPORTS).unlink(missing_ok=True)
-    run = build_run(recipe, build_training_arguments(recipe), data=data)
-    trainer = run.trainer
     report = RayReport(spec.scheduler == "pbt", values)
-    trainer.add_callback(report)
+    trainer = build_run(recipe, build_training_arguments(recipe), data=data, callbacks=[report]).trainer
     trainer.train(resume_from_checkpoint=resume)
     if report.last_step != trainer.state.global_step:  # no evaluation at the last step
         trainer.evaluate()

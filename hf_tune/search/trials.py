@@ -133,11 +133,10 @@ def train_trial(context: OptunaSearch, trial, number: int, values: dict[str, Any
     folder = context.paths.trial_folder(number)
     recipe = trial_recipe(dataclasses.replace(context.base, training={**context.base.training,
                                                                       "output_dir": str(folder)}), values)
-    run = build_run(recipe, data=context.data)
+    pruning = OptunaPruning(trial, context.metrics)
+    run = build_run(recipe, data=context.data, callbacks=[pruning])
     if trial is not None:
         trial.set_user_attr("trainable_params", trainable_params(run.model))
-    pruning = OptunaPruning(trial, context.metrics)
-    run.trainer.add_callback(pruning)
     try:
         run.trainer.train(resume_from_checkpoint=resume)
         if pruning.pruned:

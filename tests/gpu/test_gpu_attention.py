@@ -42,7 +42,7 @@ def alone(model, ids: list[torch.Tensor]) -> list[float]:
 
 def packed(model, ids: list[torch.Tensor], tokenizer) -> list[float]:
     """One flattened row, as hf_tune's collator builds it, split back into examples after the forward."""
-    from hf_tune.data.packing import CausalLMCollator
+    from hf_tune.data.collator import CausalLMCollator
 
     batch = CausalLMCollator(tokenizer, padding_free=True, trainable_logits_only=False, example_boundaries=True)(
         [{"input_ids": x.tolist(), "labels": x.tolist()} for x in ids])
