@@ -13,14 +13,17 @@ import os
 import sys
 from typing import Callable
 
+from huggingface_hub import constants
+
 from hf_tune.model.embedded import is_embedded, locate_embedded
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.hub_access import RepoProblem, dataset_is_cached, hub_repo_problem, model_is_cached
 from hf_tune.network import hub_is_reachable
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe import Recipe, apply_values, validate_recipe
 from hf_tune.model.meta import config_model_class, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
-from hf_tune.sources import OFFLINE_MODEL_FIX, looks_like_local_path
+from hf_tune.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.tracking import check_explicit_wandb_online
 from hf_tune.training_args import build_training_arguments
 
@@ -42,23 +45,55 @@ def preflight(recipe: Recipe) -> None:
 
 
 def _check_model_source(recipe: Recipe) -> None:
+    """A Hub id must be readable: online, the repo and revision exist and are not gated for this token; offline,
+    the local cache holds it (or, for validate and plan, hf_tune ships its config.json)."""
     name, m = recipe.model.pretrained_model_name_or_path, recipe.model
     if is_embedded(name):
         locate_embedded(name)
-    elif not looks_like_local_path(name) and not m.gguf_file and not _available_offline(name, m.revision):
+        return
+    if looks_like_local_path(name) or os.path.isdir(name):
+        return
+    key = "model.pretrained_model_name_or_path"
+    if hub_is_reachable():
+        _refuse_hub_problem(hub_repo_problem(name, "model", m.revision), key, "model.revision")
+    elif not m.gguf_file and not model_is_cached(name, m.revision, m.subfolder, m.cache_dir):
         if shipped_config_path(name) and not (m.revision or m.subfolder):
             logger.warning("%s: the Hub is unreachable and the model is not in the local cache; validate and plan "
                            "read hf_tune's copy of its config.json, training needs its files", name)
             return
-        raise RecipeError("model.pretrained_model_name_or_path", f"the Hub is unreachable and {name!r} is not in "
-                          "the local Hub cache", fix=OFFLINE_MODEL_FIX)
+        raise RecipeError(key, f"{_offline_reason()} and {name!r} is not in the local Hub cache", fix=OFFLINE_MODEL_FIX)
 
 
-def _available_offline(repo_id: str, revision: str | None) -> bool:
-    from huggingface_hub import try_to_load_from_cache
+def _check_hub_datasets(recipe: Recipe) -> None:
+    """Each Hub dataset of ``data`` must be readable: online, it exists at its revision and is not gated for this
+    token; offline, the datasets cache holds it (``load_dataset`` reads nothing else then). Every source is checked."""
+    sources = recipe.data.train_sources + ([("data.eval", recipe.data.eval)] if recipe.data.eval else [])
+    hub_sources = [(key, source) for key, source in sources if is_hub_dataset_id(source.path)]
+    online = bool(hub_sources) and hub_is_reachable()
+    problems = []
+    for key, source in hub_sources:
+        try:
+            if online:
+                _refuse_hub_problem(hub_repo_problem(source.path, "dataset", source.revision), f"{key}.path",
+                                    f"{key}.revision")
+            elif not dataset_is_cached(source.path):
+                raise RecipeError(f"{key}.path", f"{_offline_reason()} and the Hub dataset {source.path!r} is not in "
+                                  "the datasets cache", fix=OFFLINE_DATASET_FIX)
+        except RecipeError as err:
+            problems.append(err)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise HfTuneError("\n".join(str(p) for p in problems))
 
-    cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
-    return os.path.isdir(repo_id) or hub_is_reachable() or isinstance(cached, str)
+
+def _refuse_hub_problem(problem: RepoProblem | None, key: str, revision_key: str) -> None:
+    if problem is not None:
+        raise RecipeError(revision_key if problem.revision else key, problem.problem, fix=problem.fix)
+
+
+def _offline_reason() -> str:
+    return "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else f"the Hub ({constants.ENDPOINT}) is unreachable"
 
 
 def _check_push(recipe: Recipe) -> None:
@@ -163,6 +198,6 @@ def _check_wandb_online(recipe: Recipe) -> None:
         check_explicit_wandb_online()
 
 
-CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_fsdp, _check_push, _check_training_arguments,
+CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_hub_datasets, _check_fsdp, _check_push, _check_training_arguments,
                                                  _check_search_samples, _check_lora_init,
                                                  _check_flash_attention_installed, _check_wandb_online)

@@ -1,6 +1,11 @@
 """A local stand-in for the Hub's dataset endpoints (the network boundary): what ``datasets.load_dataset`` asks for
-a Hub id at a revision (repo info, tree listing, paths-info, file downloads). ``repos``: repo id -> {revision name ->
-(commit sha, {path: bytes})}; every request is recorded in ``requests``."""
+a Hub id at a revision (repo info, tree listing, paths-info, file downloads), and what preflight asks of model and
+dataset repos (repo info, auth-check). ``repos``: dataset repo id -> {revision name -> (commit sha, {path: bytes})};
+``models``: the same for model repos; ``gated``: repo id -> the tokens granted access to it. Every request is
+recorded in ``requests``, with its Authorization header in ``authorizations``.
+
+Errors are answered as the Hub does: an unknown repo (or one this token cannot see) 401 with ``X-Error-Code:
+RepoNotFound``, an unknown revision 404 ``RevisionNotFound``, a gated repo's auth-check 403 ``GatedRepo``."""
 
 from __future__ import annotations
 
@@ -12,20 +17,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse, unquote
 
 class DatasetHub:
-    def __init__(self, repos):
-        self.repos = repos
-        self.requests = []
+    def __init__(self, repos, models=None, gated=None):
+        self.repos, self.models, self.gated = repos, models or {}, gated or {}
+        self.requests, self.authorizations = [], []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.hub = self
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
     def __enter__(self): self.thread.start(); return self
     def __exit__(self, *a): self.server.shutdown(); self.server.server_close()
-    def lookup(self, repo, rev):
-        revs = self.repos.get(repo, {})
+    def lookup(self, repo, rev, kind="datasets"):
+        revs = (self.repos if kind == "datasets" else self.models).get(repo, {})
         for name, (sha, files) in revs.items():
             if rev in (name, sha): return sha, files
         return None, None
+    def known(self, repo, kind="datasets"):
+        return repo in (self.repos if kind == "datasets" else self.models)
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
@@ -35,12 +42,35 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head: self.wfile.write(body)
-    def _json(self, status, payload, head=False):
-        self._send(status, json.dumps(payload).encode(), {"Content-Type": "application/json"}, head)
+    def _json(self, status, payload, head=False, headers=None):
+        self._send(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})}, head)
+    def _not_found(self, head=False):  # the Hub's answer for a repo that does not exist, or that this token cannot see
+        return self._json(401, {"error": "Repository not found"}, head, {"X-Error-Code": "RepoNotFound"})
     def handle_any(self, head=False):
         hub = self.server.hub
         path = unquote(urlparse(self.path).path)
         hub.requests.append((self.command, self.path))
+        hub.authorizations.append(self.headers.get("Authorization"))
+        if m := re.fullmatch(r"/api/(models|datasets)/([^/]+(?:/[^/]+)?)/auth-check", path):
+            if not hub.known(m.group(2), m.group(1)): return self._not_found(head)
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if m.group(2) in hub.gated and token not in hub.gated[m.group(2)]:
+                return self._json(403, {"error": "gated"}, head, {"X-Error-Code": "GatedRepo"})
+            return self._json(200, {}, head)
+        if m := re.fullmatch(r"/api/models/([^/]+(?:/[^/]+)?)(?:/revision/([^/]+))?", path):
+            if not hub.known(m.group(1), "models"): return self._not_found(head)
+            sha, files = hub.lookup(m.group(1), m.group(2) or "main", "models")
+            if sha is None: return self._json(404, {"error": "Revision not found"}, head, {"X-Error-Code": "RevisionNotFound"})
+            return self._json(200, {"id": m.group(1), "modelId": m.group(1), "sha": sha, "private": False,
+                                    "gated": "manual" if m.group(1) in hub.gated else False,
+                                    "siblings": [{"rfilename": f} for f in files], "tags": []}, head)
+        if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):  # a model's file
+            if not hub.known(m.group(1), "models"): return self._not_found(head)
+            sha, files = hub.lookup(m.group(1), m.group(2), "models")
+            if sha is None or m.group(3) not in files:
+                return self._send(404, b"", {"X-Error-Code": "RevisionNotFound" if sha is None else "EntryNotFound"}, head)
+            body = files[m.group(3)]
+            return self._send(200, body, {"ETag": '"' + hashlib.sha1(body).hexdigest() + '"', "X-Repo-Commit": sha}, head)
         if m := re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
             sha, files = hub.lookup(m.group(1), m.group(2))
             if sha is None: return self._json(404, {"error": "Repository not found"}, head)
@@ -49,9 +79,11 @@ class Handler(BaseHTTPRequestHandler):
             body = files[m.group(3)]
             return self._send(200, body, {"ETag": '"' + hashlib.sha1(body).hexdigest() + '"', "X-Repo-Commit": sha}, head)
         if m := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)(?:/revision/([^/]+))?", path):
+            if not hub.known(m.group(1)): return self._not_found(head)
             sha, files = hub.lookup(m.group(1), m.group(2) or "main")
-            if sha is None: return self._json(404, {"error": "not found"}, head)
-            return self._json(200, {"id": m.group(1), "sha": sha, "private": False, "disabled": False, "gated": False,
+            if sha is None: return self._json(404, {"error": "Revision not found"}, head, {"X-Error-Code": "RevisionNotFound"})
+            return self._json(200, {"id": m.group(1), "sha": sha, "private": False, "disabled": False,
+                                    "gated": "manual" if m.group(1) in hub.gated else False,
                                     "siblings": [{"rfilename": f} for f in files], "tags": [], "downloads": 0, "likes": 0,
                                     "lastModified": "2026-01-01T00:00:00.000Z", "cardData": {}}, head)
         if m := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/tree/([^/]+)/?(.*)", path):
