@@ -141,7 +141,7 @@ def run_in_subprocess(setup: str, ns) -> dict:
 
 
 def render(results: list[dict], ns) -> str:
-    from hf_tune.throughput import gpu_peak_flops
+    from hf_tune.peak_flops import gpu_peak_flops
 
     import torch
 

@@ -233,7 +233,7 @@ def main() -> None:
         (ns.work / f"{ns.run}.last.json").write_text(json.dumps(result))
         return
     write_data(ns.work / "data", ns.examples)
-    from hf_tune.throughput import measured_peak_flops
+    from hf_tune.peak_flops import measured_peak_flops
     import torch
 
     peak = measured_peak_flops(torch.device("cpu"), torch.float32)

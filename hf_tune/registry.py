@@ -20,7 +20,7 @@ from hf_tune.lineage import flat_lineage, read_lineage
 
 def registry_uri(run_dir: str | Path | None = None, tracking_uri: str | None = None) -> str:
     """The MLflow store: the one given, else ``MLFLOW_TRACKING_URI``, else the run folder's own store."""
-    from hf_tune.tracking import run_folder_mlflow_uri
+    from hf_tune.mlflow_run import run_folder_mlflow_uri
 
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
@@ -50,8 +50,8 @@ def register(run_dir: str | Path, name: str, alias: str | None = None, tracking_
     mlflow = _mlflow()
     from mlflow import MlflowClient
 
-    from hf_tune.tracking import (existing_mlflow_run, log_new_params, log_run_folder_artifacts,
-                                  mlflow_experiment_id, save_mlflow_run_id)
+    from hf_tune.mlflow_run import (existing_mlflow_run, log_new_params, log_run_folder_artifacts,
+                                    mlflow_experiment_id, save_mlflow_run_id)
 
     run_dir = Path(run_dir)
     if not (run_dir / run_folder.MANIFEST).is_file() or not (run_dir / run_folder.RECIPE).is_file():
