@@ -15,6 +15,7 @@ from hf_tune.data import TrainingData, data_seed, tokenize
 from hf_tune.data.classification import label_names
 from hf_tune.data.loading import load_source
 from hf_tune.errors import RecipeError
+from hf_tune.formats import format_names, format_of
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.schema import Recipe
 from hf_tune.tracking import tracking_scope
@@ -41,8 +42,9 @@ def kfold_splits(recipe: Recipe, folds: int, key: str = "--folds") -> Folds:
     ``training.seed``). ``key``: the setting that asked for ``folds`` (named in errors)."""
     from sklearn.model_selection import StratifiedKFold
 
-    if recipe.data.format != "classification":
-        raise RecipeError("data.format", "cross-validation stratifies by label: it needs format 'classification'")
+    if not format_of(recipe.data.format).class_labels:
+        labelled = " or ".join(repr(name) for name in format_names(class_labels=True))
+        raise RecipeError("data.format", f"cross-validation stratifies by label: it needs format {labelled}")
     if folds < 2:
         raise RecipeError(key, f"needs at least 2 folds, got {folds}")
     tokenizer = build_tokenizer(recipe)

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from hf_tune.errors import HfTuneError
+from hf_tune.formats import DEFAULT_FORMAT
 from hf_tune.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.meta import build_meta_model
 from hf_tune.recipe import validate_recipe
@@ -63,7 +64,8 @@ def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, t
         recipe["model"]["quantization_config"] = dict(QLORA)
     if tuning != "full":
         recipe["lora"] = dict(LORA)
-    recipe["data"] = {"format": "chat", "train": {"path": data}, "max_length": max_length, "batch_tokens": tokens}
+    recipe["data"] = {"format": DEFAULT_FORMAT, "train": {"path": data}, "max_length": max_length,
+                      "batch_tokens": tokens}
     recipe["training"] = training
     recipe["optim"] = {"min_lr_ratio": 0.1}
     return recipe

@@ -11,6 +11,7 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 from hf_tune import run_folder
+from hf_tune.formats import DEFAULT_FORMAT
 from hf_tune.lineage import base_model_id  # noqa: F401  (hub.py's and the tests' import)
 from hf_tune.lineage import embedded_spec as _embedded, read_lineage
 from hf_tune.model.embedded import PREFIX
@@ -67,7 +68,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         + (f", by {method.name.upper()} ({method.summary})." if method.uses_trl else "."), "",
         *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora, repo_id=repo_id),
         "## Training data", "",
-        f"`{train_source}` in the `{data.get('format', 'chat')}` format, up to "
+        f"`{train_source}` in the `{data.get('format', DEFAULT_FORMAT)}` format, up to "
         f"{training.get('max_length') if method.uses_trl else data.get('max_length')} tokens per example"
         + (f"; evaluation on `{data['eval']['path']}`." if data.get("eval") else
            f"; {data['eval_split']:.0%} held out for evaluation." if data.get("eval_split") else "."), "",

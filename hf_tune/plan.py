@@ -12,6 +12,7 @@ from hf_tune import run_folder
 from hf_tune.build import build_method_data
 from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.errors import RecipeError
+from hf_tune.formats import format_of
 from hf_tune.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
                             quantized_model_state_memory, quantized_weight_memory, recipe_setup)
 from hf_tune.methods import method_of
@@ -117,7 +118,7 @@ def micro_batch_tokens(recipe: Recipe, args) -> int:
         return per_device * ((getattr(args, "max_prompt_length", None) or 512)
                              + (getattr(args, "max_completion_length", None) or 256))
     if method.uses_trl:
-        sequences = 2 if recipe.data.format == "preference" else 1  # chosen and rejected
+        sequences = format_of(recipe.data.format).sequences  # preference pairs: chosen and rejected
         return per_device * sequences * (getattr(args, "max_length", None) or 1024)
     return per_device * (recipe.data.batch_tokens or recipe.data.max_length)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+from hf_tune.formats import formats_trained_by
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -14,12 +16,16 @@ class Task:
     peft_auto_class: str  # peft AutoPeftModel class that loads a saved adapter of it
     peft_task_type: str  # peft.LoraConfig(task_type=...)
     pipeline_tag: str  # the Hub's pipeline tag on the model card
-    formats: tuple[str, ...]  # data.format values it trains on
     causal: bool  # next-token training: label masks, packs, padding-free batches, the trained-positions loss
     eval_metrics: tuple[str, ...]  # what its evaluation reports besides the evaluation section's metrics
     recipe_metrics: bool  # computes evaluation.metrics (argmax of the logits against the labels)
     class_labels: bool  # a head over classes named by the data (id2label / label2id in the model config)
     num_labels: int | None = None  # a head of a fixed width (a reward model's one score)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The data.format values it trains on (hf_tune.formats)."""
+        return formats_trained_by(self.name)
 
     @property
     def model_class(self) -> type:
@@ -32,16 +38,16 @@ class Task:
 
 TASKS = {
     "causal_lm": Task("causal_lm", "AutoModelForCausalLM", "AutoPeftModelForCausalLM", "CAUSAL_LM", "text-generation",
-                      formats=("chat", "instruction", "prompt_completion", "text"), causal=True,
+                      causal=True,
                       eval_metrics=("eval_loss", "eval_perplexity"), recipe_metrics=False, class_labels=False),
     "sequence_classification": Task(
         "sequence_classification", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification",
-        "SEQ_CLS", "text-classification", formats=("classification",), causal=False, eval_metrics=("eval_loss",),
+        "SEQ_CLS", "text-classification", causal=False, eval_metrics=("eval_loss",),
         recipe_metrics=True, class_labels=True),
     # method: reward (hf_tune.methods): one score per sequence, trained on chosen / rejected pairs
     "reward_model": Task(
         "reward_model", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification", "SEQ_CLS",
-        "text-classification", formats=("preference",), causal=False, eval_metrics=("eval_loss", "eval_accuracy"),
+        "text-classification", causal=False, eval_metrics=("eval_loss", "eval_accuracy"),
         recipe_metrics=False, class_labels=False, num_labels=1),
 }
 DEFAULT_TASK = "causal_lm"

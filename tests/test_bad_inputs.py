@@ -129,7 +129,8 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "search_metric_never_produced": "search.metric",
     "search_cv_not_classification": "search.cv",
     "search_wilcoxon_without_cv": "search.pruner",
-    "search_optuna_with_dpo": "search.backend",
+    "search_method_formats": "search.space.method",
+    "data_hub_dataset_missing": "data.train.path",
     "mixture_weight_and_epochs": "data.train[0].weight",
     "mixture_missing_weight": "data.train[1].weight",
     "mixture_empty": "data.train",
@@ -215,6 +216,8 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
     "reward_not_importable": ["cannot import 'no_such_module_xyz:score'"],
     "quantization_unknown_key": ["did you mean 'bnb_4bit_quant_type'?"],
     "search_metric_never_produced": ["'eval_accuracy' is never produced"],
+    "search_method_formats": ["the choices read different data formats: data.format is 'preference', but grpo "
+                              "reads prompt_only"],
     "mixture_weight_and_epochs": ["is set together with epochs"],
     "columns_unknown_column": ["has no column 'body'"],
     "text_binary_txt": ["data/binary.txt: line 1, column 1: not UTF-8 text"],

@@ -12,6 +12,7 @@ from hf_tune.model.attention import default_attn_implementation, runs_examples_a
 from hf_tune.model.loading import model_config
 from hf_tune.tasks import task_of
 from hf_tune.data.classification import label_names, tokenize_classification
+from hf_tune.data.formats import format_of
 from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.mixture import build_mixture, source_section
 from hf_tune.data.streaming import build_stream
@@ -33,13 +34,13 @@ def data_seed(recipe: Recipe) -> int:
 
 def dataset_labels(recipe: Recipe) -> list[str] | None:
     """Class names of a classification recipe, read from its training data; None for other formats."""
-    if recipe.data.format != "classification":
+    if not format_of(recipe.data.format).class_labels:
         return None
     return label_names(load_source(recipe.data.train, "data.train", recipe.data.format))
 
 
 def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str] | None = None) -> Dataset:
-    if recipe.data.format == "classification":
+    if format_of(recipe.data.format).class_labels:
         return tokenize_classification(raw, tokenizer, recipe.data, labels or dataset_labels(recipe), key)
     return tokenize_dataset(raw, tokenizer, recipe.data, key)
 
@@ -73,7 +74,7 @@ def _build_training_data(recipe: Recipe, tokenizer, rank: int = 0, world_size: i
             evaluation = tokenize_dataset(load_source(data.eval, "data.eval", section.format), tokenizer, section,
                                           "data.eval")
         return TrainingData(build_stream(data, tokenizer, data_seed(recipe), rank, world_size), evaluation, None)
-    if recipe.data.format != "classification":
+    if not format_of(recipe.data.format).class_labels:
         mixture = build_mixture(recipe.data, tokenizer, data_seed(recipe))
         train = mixture.train
         if recipe.data.batch_tokens:

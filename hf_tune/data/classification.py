@@ -23,7 +23,7 @@ def label_names(raw_train: Dataset) -> list[str]:
 
 
 def tokenize_classification(raw: Dataset, tokenizer, data: DataSection, labels: list[str], key: str) -> Dataset:
-    check_columns("classification", raw.column_names, key)
+    check_columns(data.format, raw.column_names, key)
     label2id = {name: i for i, name in enumerate(labels)}
     unknown = sorted({str(v) for v in raw.unique("label")} - label2id.keys()) if not isinstance(
         raw.features.get("label"), ClassLabel) else []
@@ -39,7 +39,7 @@ def tokenize_classification(raw: Dataset, tokenizer, data: DataSection, labels: 
         return encoded
 
     fingerprint = Hasher.hash([raw._fingerprint, tokenizer_fingerprint(tokenizer), data.max_length, labels,
-                               TOKENIZATION_VERSION, "classification"])
-    with stage_errors(key, "tokenizing (format 'classification')"):
+                               TOKENIZATION_VERSION, data.format])
+    with stage_errors(key, f"tokenizing (format {data.format!r})"):
         return raw.map(tokenize_batch, batched=True, remove_columns=raw.column_names, new_fingerprint=fingerprint,
-                       num_proc=data.num_proc, desc=f"Tokenizing {key} (classification)")
+                       num_proc=data.num_proc, desc=f"Tokenizing {key} ({data.format})")

@@ -17,21 +17,11 @@ from typing import Any
 
 from datasets import Dataset
 
+from hf_tune.data.formats import check_columns, format_of, row_refusal
 from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
 from hf_tune.data.messages import SHAREGPT_ROLES
-from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import DataSection, DatasetSource
 from hf_tune.rewards import check_reward_columns
-
-FORMAT_HELP = {
-    "preference": "'prompt', 'chosen' and 'rejected' (strings or lists of {role, content} messages); or only "
-                  "'chosen' and 'rejected' conversations; or LLaMA-Factory's 'conversations' with 'chosen' / "
-                  "'rejected' messages",
-    "unpaired_preference": "'prompt', 'completion' (strings or messages) and a boolean 'label' (true: desirable); "
-                           "or LLaMA-Factory's 'messages' ending in the assistant's answer, and 'label'",
-    "prompt_only": "a 'prompt' (a string or a list of {role, content} messages), plus the columns the rewards read",
-}
-
 
 def load_method_data(data: DataSection, method: str, seed: int, rewards: list | None = None
                      ) -> tuple[Dataset, Dataset | None]:
@@ -51,27 +41,21 @@ def _load(source: DatasetSource, key: str, format: str, method: str, rewards: li
     files = local_files(source)
     where = describe_source(source)
     line_of = (lambda row: line_of_row(files[0], row)) if len(files) == 1 and files[0].suffix == ".jsonl" else None
-
-    def refuse(row: int, column: str, problem: str) -> None:
-        line = line_of(row) if line_of else None
-        place = f"line {line} (example {row + 1} of {len(dataset)})" if line else f"example {row + 1} of {len(dataset)}"
-        raise RecipeError(key, f"{where}, {place}, column {column!r}: {problem}",
-                          fix=f"data.format '{format}' reads {FORMAT_HELP[format]}")
-
-    normalize = _NORMALIZE[format]
-    _check_columns(dataset.column_names, format, key, where)
+    refuse, spec = row_refusal(format, key, where, len(dataset), line_of), format_of(format)
+    check_columns(format, dataset.column_names, key, where)
     check_reward_columns(rewards, dataset.column_names, f"{key} ({where})")
+    normalize = spec.normalize
     for row, example in enumerate(dataset):  # every row checked first, so the error names the first bad one
         try:
             normalize(example)
-        except _BadRow as bad:
+        except BadRow as bad:
             refuse(row, bad.column, bad.problem)
     # map keeps the data file-backed under a fingerprint every process computes alike, so TRL's tokenization and
     # reference pass share their cache files across the ranks of a distributed launch
-    read = [c for c in _READ[format] if c in dataset.column_names]
+    read = [c for c in spec.column_names if c in dataset.column_names]
     normalized = dataset.map(_normalized, fn_kwargs={"format": format}, remove_columns=read,
                              desc=f"reading {key} ({format})")
-    if format == "preference" and method == "kto":
+    if method in spec.unpaired_for:
         from trl.data_utils import unpair_preference_dataset
 
         normalized = unpair_preference_dataset(normalized)
@@ -79,32 +63,19 @@ def _load(source: DatasetSource, key: str, format: str, method: str, rewards: li
 
 
 def _normalized(example: dict[str, Any], format: str) -> dict[str, Any]:
-    return _NORMALIZE[format](example)
+    return format_of(format).normalize(example)
 
 
-_READ = {"preference": ("prompt", "chosen", "rejected", "conversations", "system", "instruction", "input"),
-         "unpaired_preference": ("prompt", "completion", "label", "messages"), "prompt_only": ("prompt",)}
+class BadRow(Exception):
+    """A row its format cannot read: the column and what is wrong with it."""
 
-
-def _check_columns(columns: list[str], format: str, key: str, where: str) -> None:
-    needed = {"preference": ("chosen", "rejected"), "unpaired_preference": ("prompt", "completion", "label"),
-              "prompt_only": ("prompt",)}[format]
-    if format == "unpaired_preference" and "messages" in columns and "prompt" not in columns:
-        needed = ("messages", "label")  # LLaMA-Factory's KTO layout
-    missing = [c for c in needed if c not in columns]
-    if missing:
-        raise RecipeError(key, f"format '{format}' needs columns {list(needed)}; missing {missing}, {where} has "
-                          f"{columns}", fix=f"data.format '{format}' reads {FORMAT_HELP[format]}; rename the columns "
-                          "or set data.format to match the data")
-
-
-class _BadRow(Exception):
     def __init__(self, column: str, problem: str):
         super().__init__(problem)
         self.column, self.problem = column, problem
 
 
-def _preference_row(example: dict[str, Any]) -> dict[str, Any]:
+def preference_row(example: dict[str, Any]) -> dict[str, Any]:
+    """A preference example in TRL's layout: prompt, chosen, rejected (conversational where the data is)."""
     chosen, rejected = example["chosen"], example["rejected"]
     if example.get("conversations") is not None:  # LLaMA-Factory (ShareGPT)
         prompt = _sharegpt(example["conversations"], "conversations")
@@ -121,22 +92,23 @@ def _preference_row(example: dict[str, Any]) -> dict[str, Any]:
         chosen, rejected = _text_or_messages(chosen, "chosen"), _text_or_messages(rejected, "rejected")
     if prompt is None:  # implicit prompt: whole conversations with a shared beginning
         if not (isinstance(chosen, list) and isinstance(rejected, list)):
-            raise _BadRow("prompt", "is missing: without a prompt, 'chosen' and 'rejected' must be whole conversations")
+            raise BadRow("prompt", "is missing: without a prompt, 'chosen' and 'rejected' must be whole conversations")
         shared = _shared_prefix(chosen, rejected)
         if shared == 0:
-            raise _BadRow("chosen", "'chosen' and 'rejected' share no prompt: their first messages differ")
+            raise BadRow("chosen", "'chosen' and 'rejected' share no prompt: their first messages differ")
         prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
     elif isinstance(prompt, list) != isinstance(chosen, list) and isinstance(chosen, str):
         chosen, rejected = _as_reply(chosen), _as_reply(rejected)  # a conversational prompt, string answers
     for column, answer in (("chosen", chosen), ("rejected", rejected)):
         if not _text(answer).strip():
-            raise _BadRow(column, "the answer is empty")
+            raise BadRow(column, "the answer is empty")
     if _text(chosen).strip() == _text(rejected).strip():
-        raise _BadRow("rejected", "equals 'chosen': a pair must prefer one answer over a different one")
+        raise BadRow("rejected", "equals 'chosen': a pair must prefer one answer over a different one")
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
-def _unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
+def unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
+    """An unpaired preference example in TRL's layout: prompt, completion, label."""
     if example.get("prompt") is None and "messages" in example:  # LLaMA-Factory: the last turn is the completion
         prompt, completion = _split_last_answer(example["messages"])
     else:
@@ -145,9 +117,9 @@ def _unpaired_row(example: dict[str, Any]) -> dict[str, Any]:
     if isinstance(prompt, list) and isinstance(completion, str):
         completion = _as_reply(completion)
     if not _text(completion).strip():
-        raise _BadRow("completion", "the completion is empty")
+        raise BadRow("completion", "the completion is empty")
     if not isinstance(example["label"], bool):
-        raise _BadRow("label", f"expected true (desirable) or false, got {example['label']!r}")
+        raise BadRow("label", f"expected true (desirable) or false, got {example['label']!r}")
     return {"prompt": prompt, "completion": completion, "label": example["label"]}
 
 
@@ -155,50 +127,51 @@ def _split_last_answer(value: Any) -> tuple[list[dict[str, str]], list[dict[str,
     """(prompt, completion) of a conversation ending in the assistant's answer."""
     messages = _text_or_messages(value, "messages")
     if not isinstance(messages, list) or len(messages) < 2:
-        raise _BadRow("messages", "expected a conversation of at least two messages: the prompt, then the "
+        raise BadRow("messages", "expected a conversation of at least two messages: the prompt, then the "
                                   "assistant's answer")
     if messages[-1]["role"] != "assistant":
-        raise _BadRow("messages", f"the last message has role {messages[-1]['role']!r}: the last message is the "
+        raise BadRow("messages", f"the last message has role {messages[-1]['role']!r}: the last message is the "
                                   "completion, so it must be the assistant's answer")
     return messages[:-1], messages[-1:]
 
 
-def _prompt_row(example: dict[str, Any]) -> dict[str, Any]:
+def prompt_row(example: dict[str, Any]) -> dict[str, Any]:
+    """A prompt-only example in TRL's layout: the prompt (the other columns stay for the rewards)."""
     prompt = _text_or_messages(example["prompt"], "prompt")
     if not _text(prompt, roles=None).strip():
-        raise _BadRow("prompt", "the prompt is empty")
+        raise BadRow("prompt", "the prompt is empty")
     return {"prompt": prompt}
 
 
 def _text_or_messages(value: Any, column: str) -> str | list[dict[str, str]]:
     if value is None:
-        raise _BadRow(column, "is missing (null)")
+        raise BadRow(column, "is missing (null)")
     if isinstance(value, str):
         return value
     if isinstance(value, dict):  # one message
         value = [value]
     if not isinstance(value, list) or not value:
-        raise _BadRow(column, f"expected a string or a non-empty list of {{role, content}} messages, got {value!r:.60}")
+        raise BadRow(column, f"expected a string or a non-empty list of {{role, content}} messages, got {value!r:.60}")
     messages = []
     for number, message in enumerate(value, 1):
         if not isinstance(message, dict):
-            raise _BadRow(column, f"message {number}: expected {{role, content}}, got {message!r:.60}")
+            raise BadRow(column, f"message {number}: expected {{role, content}}, got {message!r:.60}")
         if "from" in message:
             messages.extend(_sharegpt([message], column))
             continue
         if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
-            raise _BadRow(column, f"message {number} has keys {sorted(message)}, expected 'role' and 'content' strings")
+            raise BadRow(column, f"message {number} has keys {sorted(message)}, expected 'role' and 'content' strings")
         messages.append({"role": message["role"], "content": message["content"]})
     return messages
 
 
 def _sharegpt(turns: Any, column: str) -> list[dict[str, str]]:
     if not isinstance(turns, list):
-        raise _BadRow(column, f"expected a list of {{from, value}} turns, got {turns!r:.60}")
+        raise BadRow(column, f"expected a list of {{from, value}} turns, got {turns!r:.60}")
     messages = []
     for number, turn in enumerate(turns, 1):
         if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES or not isinstance(turn.get("value"), str):
-            raise _BadRow(column, f"turn {number}: expected {{from: one of {sorted(SHAREGPT_ROLES)}, value: a "
+            raise BadRow(column, f"turn {number}: expected {{from: one of {sorted(SHAREGPT_ROLES)}, value: a "
                                   f"string}}, got {turn!r:.80}")
         messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]})
     return messages
@@ -229,5 +202,3 @@ def _shared_prefix(a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
         shared += 1
     return shared
 
-
-_NORMALIZE = {"preference": _preference_row, "unpaired_preference": _unpaired_row, "prompt_only": _prompt_row}

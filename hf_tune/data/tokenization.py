@@ -9,7 +9,7 @@ from typing import Any
 from datasets import Dataset
 from datasets.fingerprint import Hasher
 
-from hf_tune.data.formats import check_columns, to_messages
+from hf_tune.data.formats import Conversation, check_columns, format_of
 from hf_tune.data.messages import example_tools, load_tools, uses_tools
 from hf_tune.data.rendering import assistant_char_spans, check_template_renders_tools, check_tools_rendered
 from hf_tune.errors import RecipeError, stage_errors
@@ -47,13 +47,11 @@ def tokenize_pair(tokenizer, prompt: str, completion: str) -> tuple[list[int], l
 def tokenize_example(example: dict[str, Any], tokenizer, format: str, max_length: int,
                      tools: list[dict] | None = None) -> dict[str, list[int]]:
     """One example's tokens and labels; ``tools``: ``data.tools``, offered where the example has no ``tools`` column."""
-    conversation = to_messages(example, format)
-    if conversation is not None:
-        input_ids, labels = tokenize_chat(tokenizer, *conversation, tools=example_tools(example, tools))
-    elif format == "text":
-        input_ids, labels = tokenize_pair(tokenizer, "", example["text"])
+    normalized = format_of(format).normalize(example)
+    if isinstance(normalized, Conversation):
+        input_ids, labels = tokenize_chat(tokenizer, *normalized, tools=example_tools(example, tools))
     else:
-        input_ids, labels = tokenize_pair(tokenizer, example["prompt"], example["completion"])
+        input_ids, labels = tokenize_pair(tokenizer, *normalized)
     input_ids, labels = input_ids[:max_length], labels[:max_length]
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
@@ -74,11 +72,12 @@ def tokenized_fingerprint(raw: Dataset, tokenizer, data: DataSection) -> str:
 def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Dataset:
     """Tokenize (cached under a fingerprint of data + tokenizer + template) and drop examples with nothing to train."""
     check_columns(data.format, raw.column_names, key)
-    if to_messages_needed(data.format) and not tokenizer.chat_template:
+    templated = format_of(data.format).chat_template
+    if templated and not tokenizer.chat_template:
         raise RecipeError("data.chat_template", f"the tokenizer has no chat template and format '{data.format}' "
                           "needs one", fix="set data.chat_template to a Jinja template (text or a .jinja file)")
     tools = load_tools(data.tools)
-    if to_messages_needed(data.format) and uses_tools(raw, tools):
+    if templated and uses_tools(raw, tools):
         check_template_renders_tools(tokenizer)
 
     tokenize_batch = batch_tokenizer(tokenizer, data, tools)
@@ -109,7 +108,3 @@ def batch_tokenizer(tokenizer, data: DataSection, tools: list[dict] | None):
         return out
 
     return tokenize_batch
-
-
-def to_messages_needed(format: str) -> bool:
-    return format in ("chat", "instruction")

@@ -4,6 +4,7 @@ in Python; only when that fails are the rows read, to name the first bad one and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,9 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import ClassLabel, Dataset, Value
 
-from hf_tune.data.formats import FORMAT_HELP, check_columns
+from hf_tune.data.formats import Format, check_columns, format_of, row_refusal
 from hf_tune.data.messages import SHAREGPT_ROLES
-from hf_tune.errors import RecipeError
 
 TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
 _OTHER_CHAT_COLUMN = {"messages": "conversations", "conversations": "messages"}
@@ -22,16 +22,12 @@ _STRING_TYPES = ("string", "large_string")
 
 
 def column_rules(format: str, columns: list[str]) -> list[tuple[str, str, bool]]:
-    """(column, kind, optional) for each column the format reads. Kinds: text, turns (a list of messages), label."""
-    if format == "chat":
-        both = "messages" in columns and "conversations" in columns  # a row may then fill either
-        return [(c, "turns", both) for c in ("messages", "conversations") if c in columns]
-    rules = {"instruction": [("instruction", "text", False), ("output", "text", False), ("input", "text", True),
-                             ("system", "text", True)],
-             "prompt_completion": [("prompt", "text|turns", False), ("completion", "text|turns", False)],
-             "text": [("text", "text", False)],
-             "classification": [("text", "text", False), ("text_pair", "text", True), ("label", "label", False)]}
-    return [rule for rule in rules[format] if rule[0] in columns]
+    """(column, kind, optional) for each column the format reads that the data has; kinds: hf_tune.formats.Column.
+    Where the data holds several of the format's layouts (messages and conversations), a row may fill either."""
+    spec = format_of(format)
+    several = len(_complete_layouts(spec, columns)) > 1
+    return [(c.name, c.kind, c.optional or several and not all(c.name in layout for layout in spec.layouts))
+            for c in spec.columns if c.kind and c.name in columns]
 
 
 def check_examples(dataset: Dataset, format: str, key: str, where: str,
@@ -39,14 +35,7 @@ def check_examples(dataset: Dataset, format: str, key: str, where: str,
     """Raise a RecipeError naming ``key``, ``where`` (the file), the first bad example (and its line, where
     ``line_of`` maps a row to one), the column, what it holds and what the format expects."""
     check_columns(format, dataset.column_names, key, where)
-
-    def refuse(row: int, column: str, problem: str) -> None:
-        line = line_of(row) if line_of else None
-        place = f"line {line} (example {row + 1} of {len(dataset)})" if line else f"example {row + 1} of {len(dataset)}"
-        raise RecipeError(key, f"{where}, {place}, column {column!r}: {problem}",
-                          fix=f"make every example fit data.format '{format}' ({FORMAT_HELP[format]}), or set "
-                              "data.format to the data's format")
-
+    spec, refuse = format_of(format), row_refusal(format, key, where, len(dataset), line_of)
     for column, kind, optional in column_rules(format, dataset.column_names):
         if _fits_arrow(dataset, column, kind, optional):
             continue
@@ -54,27 +43,34 @@ def check_examples(dataset: Dataset, format: str, key: str, where: str,
             problem = None if value is None and optional else value_problem(value, kind, column)
             if problem:
                 refuse(row, column, problem)
-    if format == "chat" and len(column_rules(format, dataset.column_names)) == 2:
-        missing = pc.and_(pc.is_null(_arrow(dataset, "messages")), pc.is_null(_arrow(dataset, "conversations")))
+    layouts = _complete_layouts(spec, dataset.column_names)
+    if len(layouts) > 1:  # every row fills one of them
+        missing = functools.reduce(pc.and_, [functools.reduce(pc.or_, [pc.is_null(_arrow(dataset, c)) for c in layout])
+                                             for layout in layouts])
         if pc.any(missing).as_py():
-            refuse(pc.index(missing, True).as_py(), "messages", "neither 'messages' nor 'conversations' is set")
-    if format == "prompt_completion" and not _pairs_fit_arrow(dataset):
-        for row, (prompt, completion) in enumerate(zip(dataset["prompt"], dataset["completion"])):
-            if isinstance(prompt, str) and not isinstance(completion, str):
-                refuse(row, "completion", f"the prompt is a string, so the completion must be one too, got "
-                                          f"{_show(completion)}")
+            refuse(pc.index(missing, True).as_py(), layouts[0][0],
+                   f"neither {' nor '.join(repr(layout[0]) for layout in layouts)} is set")
+    if spec.string_follows and not _pairs_fit_arrow(dataset, *spec.string_follows):
+        first, second = spec.string_follows
+        for row, (a, b) in enumerate(zip(dataset[first], dataset[second])):
+            if isinstance(a, str) and not isinstance(b, str):
+                refuse(row, second, f"the {first} is a string, so the {second} must be one too, got {_show(b)}")
+
+
+def _complete_layouts(spec: Format, columns: list[str]) -> list[tuple[str, ...]]:
+    return [layout for layout in spec.layouts if all(c in columns for c in layout)]
 
 
 def value_problem(value: Any, kind: str, column: str) -> str | None:
     """What is wrong with one value of ``column`` for ``kind`` (None when it fits)."""
     if value is None:
         return "is missing (null)"
-    if kind == "text":
+    if kind == "string":
         return None if isinstance(value, str) else f"expected a string, got {_show(value)}"
     if kind == "label":
         return None if isinstance(value, (str, int)) and not isinstance(value, bool) else \
             f"expected a class name (string) or a class id (integer), got {_show(value)}"
-    if kind == "text|turns" and isinstance(value, str):
+    if kind == "string|turns" and isinstance(value, str):
         return None
     return turns_problem(value, TURN_KEYS.get(column, TURN_KEYS["messages"]), column)
 
@@ -108,7 +104,7 @@ def _fits_arrow(dataset: Dataset, column: str, kind: str, optional: bool) -> boo
     if isinstance(feature, Value) and feature.dtype == "null":
         return optional
     nulls_ok = optional or _arrow(dataset, column).null_count == 0
-    if isinstance(feature, Value) and feature.dtype in _STRING_TYPES and kind in ("text", "text|turns"):
+    if isinstance(feature, Value) and feature.dtype in _STRING_TYPES and kind in ("string", "string|turns"):
         return nulls_ok
     if kind == "label":
         return nulls_ok and (isinstance(feature, ClassLabel) or isinstance(feature, Value) and (
@@ -126,10 +122,10 @@ def _fits_arrow(dataset: Dataset, column: str, kind: str, optional: bool) -> boo
     return column != "conversations" or bool(pc.all(pc.is_in(fields["from"], pa.array(list(SHAREGPT_ROLES)))).as_py())
 
 
-def _pairs_fit_arrow(dataset: Dataset) -> bool:
-    """A string prompt needs a string completion: true at once when the prompt column is not a string column or the
-    completion column is one."""
-    prompt, completion = dataset.features["prompt"], dataset.features["completion"]
+def _pairs_fit_arrow(dataset: Dataset, first: str, second: str) -> bool:
+    """A string in ``first`` (the prompt) needs a string in ``second`` (the completion): true at once when the first
+    column is not a string column or the second is one."""
+    prompt, completion = dataset.features[first], dataset.features[second]
     return _list_item(prompt) is not None or isinstance(completion, Value) and completion.dtype in _STRING_TYPES
 
 

@@ -7,6 +7,7 @@ import importlib.util
 
 from hf_tune.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
+from hf_tune.formats import format_names, format_of, formats_trained_by
 from hf_tune.recipe.data_checks import check_sources
 from hf_tune.methods import method_of
 from hf_tune.metrics import metric_path
@@ -27,8 +28,8 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
                           fix="set data.eval (a file) or data.eval_split (e.g. 0.05), or training.eval_strategy: 'no'")
     if not method_of(recipe.method).uses_trl and data.format not in task.formats:
         raise RecipeError("data.format", f"format {data.format!r} does not fit model.task {recipe.model.task!r}",
-                          fix="use data.format: classification with model.task: sequence_classification, "
-                          "and a text format (chat, instruction, prompt_completion, text) with causal_lm")
+                          fix="use data.format: " + "; ".join(f"{' or '.join(formats_trained_by(name))} with "
+                                                              f"model.task: {name}" for name in method_of("sft").tasks))
     if recipe.evaluation.metrics and not task.recipe_metrics:
         raise RecipeError("evaluation.metrics", "metrics are computed for sequence_classification; a causal LM's "
                           "evaluation reports eval_loss and eval_perplexity", fix="remove evaluation.metrics")
@@ -72,10 +73,6 @@ def check_method(recipe: Recipe, raw: dict) -> None:
         for key, fix in _SFT_DATA_KEYS.items():
             if (raw.get("data") or {}).get(key) not in (None, False):
                 raise RecipeError(f"data.{key}", f"applies to method 'sft'; {given} runs TRL's trainer", fix=fix)
-    if method.uses_trl and recipe.search is not None and recipe.search.backend == "optuna":
-        raise RecipeError("search.backend", f"the Optuna backend builds one model per trial through Trainer's "
-                          f"model_init, which TRL's trainers do not take; {given} is searched with one trainer per "
-                          "trial", fix="set search.backend: ray")
     if method.generates and not recipe.rewards:
         raise RecipeError("rewards", f"{given} needs at least one reward function",
                           fix="e.g. rewards: [{name: exact_answer, column: answer}]")
@@ -110,12 +107,11 @@ def check_search(recipe: Recipe) -> None:
     search = recipe.search
     evaluating = str(recipe.training.get("eval_strategy", "no")) != "no"
     metrics = search_metrics(search)
-    method = method_of(recipe.method)
-    evaluated = method.eval_metrics if method.uses_trl else task_of(recipe.model.task).eval_metrics
-    produced = {"trainable_params", *evaluated, *(f"eval_{m}" for m in recipe.evaluation.metrics)}
+    produced = set.intersection(*(_produced_metrics(recipe, name) for name in _searched_methods(recipe)))
     for metric in metrics:
         if metric not in produced:
-            raise RecipeError("search.metric", f"{metric!r} is never produced by this recipe",
+            raise RecipeError("search.metric", f"{metric!r} is never produced by this recipe" + (
+                              " under every searched method" if "method" in search.space else ""),
                               fix=f"use one of {sorted(produced)}")
     if isinstance(search.directions, list) and len(search.directions) != len(metrics):
         raise RecipeError("search.directions", f"has {len(search.directions)} entries for {len(metrics)} metrics")
@@ -136,15 +132,29 @@ def check_search(recipe: Recipe) -> None:
                               fix="set training.eval_strategy: steps (and eval_steps), or search.pruner: none")
 
 
+def _searched_methods(recipe: Recipe) -> list[str]:
+    """The methods the trials run: the choices of ``search.space.method``, else the recipe's."""
+    space = recipe.search.space
+    return list(space["method"].choices) if "method" in space else [recipe.method]
+
+
+def _produced_metrics(recipe: Recipe, method_name: str) -> set[str]:
+    """What a run of this recipe under ``method_name`` reports: its evaluation's metrics and trainable_params."""
+    method = method_of(method_name)
+    evaluated = method.eval_metrics if method.uses_trl else task_of(recipe.model.task).eval_metrics
+    return {"trainable_params", *evaluated, *(f"eval_{m}" for m in recipe.evaluation.metrics)}
+
+
 def _check_cross_validated_search(recipe: Recipe) -> None:
     """search.cv: each trial trains k stratified folds of data.train on the Optuna backend; its steps are folds."""
     search = recipe.search
     if search.backend != "optuna":
         raise RecipeError("search.cv", "a cross-validated search runs on the Optuna backend (Ray's schedulers act on "
                           "the evaluations of one training run)", fix="set search.backend: optuna, or remove search.cv")
-    if recipe.data.format != "classification":
-        raise RecipeError("search.cv", f"the folds are stratified by label, so they need data.format classification, "
-                          f"not {recipe.data.format!r}", fix="remove search.cv (trials then evaluate on data.eval)")
+    if not format_of(recipe.data.format).class_labels:
+        raise RecipeError("search.cv", f"the folds are stratified by label, so they need data.format "
+                          f"{' or '.join(format_names(class_labels=True))}, not {recipe.data.format!r}",
+                          fix="remove search.cv (trials then evaluate on data.eval)")
     if search.pruner in ("median", "hyperband"):
         raise RecipeError("search.pruner", f"{search.pruner} compares trials at the same training step; with "
                           "search.cv a trial reports one value per fold", fix="set search.pruner: wilcoxon (the "

@@ -13,7 +13,7 @@ Sections:
   optim     -> parameter groups (decay / no decay, layer-wise LR decay) and the schedule floor (ours: OptimSection)
   evaluation-> metrics and early stopping                                      (ours: EvaluationSection)
   hub       -> model-card metadata                                             (ours: HubSection)
-  search    -> hyperparameter search space and study settings                  (ours: SearchSection)
+  search    -> hyperparameter search space and study settings     (ours: SearchSection, in recipe/search_section.py)
   tracking  -> project / run name / group / tags for the trackers in training.report_to (ours: TrackingSection)
   profile   -> torch.profiler over a few training steps: wait / warmup / active      (ours: ProfileSection)
 """
@@ -25,12 +25,14 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PositiveInt, Tag,
-                      model_validator)
+from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, model_validator
 
+from hf_tune.formats import DEFAULT_FORMAT, FORMATS
+from hf_tune.recipe.search_section import Distribution, SearchSection  # re-exported: the search sections' importers
+from hf_tune.recipe.section import Section as _Section
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+METHOD_DEFAULTS = ", ".join(f"{f.name} for {' and '.join(f.default_for)}" for f in FORMATS.values()
+                            if f.default_for and f.name != DEFAULT_FORMAT)
 
 
 class ModelSection(_Section):
@@ -96,10 +98,9 @@ class DataSection(_Section):
                     "epochs (hf_tune.data.mixture)")
     eval: DatasetSource | None = None
     eval_split: float | None = Field(default=None, gt=0, lt=1, description="fraction of train held out for eval")
-    format: Literal["chat", "instruction", "prompt_completion", "text", "classification", "preference",
-                    "unpaired_preference", "prompt_only"] = Field(
-        default="chat", description="how the examples read; default: chat, or the method's (preference for dpo and "
-                                    "reward, unpaired_preference for kto, prompt_only for grpo)")
+    format: Literal[tuple(FORMATS)] = Field(  # the table's names: hf_tune.formats
+        default=DEFAULT_FORMAT, description=f"how the examples read; default: {DEFAULT_FORMAT}, or the method's "
+                                            f"({METHOD_DEFAULTS})")
 
     max_length: PositiveInt = 1024
     chat_template: str | None = Field(
@@ -173,86 +174,6 @@ class TrackingSection(_Section):
     name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")
     group: str | None = None
     tags: list[str] = Field(default_factory=list)
-
-
-class Distribution(_Section):
-    """One search dimension: ``{type: float, low, high, log}``, ``{type: int, low, high, step}``,
-    ``{type: categorical, choices: [...]}``."""
-
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: float | None = None
-    choices: list[Any] | None = None
-    when: dict[str, Any] | None = Field(
-        default=None, description="search this key only in trials where these keys (searched, or set in the recipe) "
-                                  "have these values; a list: one of those values (hf_tune.recipe.search_space)")
-
-    @property
-    def first_value(self) -> Any:
-        """The first choice, or the low end in the declared type: the value a recipe is checked with."""
-        return self.choices[0] if self.type == "categorical" else int(self.low) if self.type == "int" else self.low
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "Distribution":
-        if self.type == "categorical":
-            if not self.choices:
-                raise ValueError("a categorical distribution needs a non-empty 'choices' list")
-            return self
-        if self.low is None or self.high is None:
-            raise ValueError(f"a {self.type} distribution needs 'low' and 'high'")
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low:g}) is greater than high ({self.high:g})")
-        if self.log and self.low <= 0:
-            raise ValueError(f"log scale needs low > 0, got {self.low:g}")
-        if self.log and self.step is not None:
-            raise ValueError("'step' and 'log' cannot be used together")
-        return self
-
-
-class SearchSection(_Section):
-    """Hyperparameter search (Optuna through ``Trainer.hyperparameter_search``)."""
-
-    space: dict[str, Distribution] = Field(description="dotted recipe key -> distribution, e.g. training.learning_rate")
-    metric: str | list[str] = Field(default="eval_loss", description="a metric, or a list for multi-objective")
-    directions: Literal["minimize", "maximize"] | list[Literal["minimize", "maximize"]] | None = Field(
-        default=None, description="default: minimize losses and parameter counts, maximize other metrics")
-    n_trials: PositiveInt = 10
-    timeout: PositiveFloat | None = Field(default=None, description="seconds; no new trial starts after it")
-    sampler: Literal["tpe", "random", "cmaes", "nsga2", "grid", "gp"] = "tpe"
-    sampler_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna sampler class, "
-                                           "e.g. n_startup_trials for tpe (Optuna's default: 10 random trials first)")
-    pruner: Literal["median", "hyperband", "wilcoxon", "none"] = Field(
-        default="median", description="default median; wilcoxon (and the default) with cv: a paired test, fold by fold")
-    pruner_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of the Optuna pruner class")
-    cv: int | None = Field(default=None, ge=2, description="k: each trial's value is the mean of its metric over k "
-                                                          "stratified folds of data.train (scikit-learn's cv=k)")
-    terminator: Literal["none", "stagnation", "regret_bound", "emmr"] = Field(
-        default="none", description="stop the study once more trials are unlikely to beat the best (Optuna's Terminator)")
-    terminator_kwargs: dict[str, Any] = Field(default_factory=dict,
-                                              description="e.g. max_stagnation_trials, min_n_trials")
-    backend: Literal["optuna", "ray"] = Field(default="optuna", description="optuna, or ray (Ray Tune: ASHA, PBT)")
-    scheduler: Literal["asha", "pbt", "none"] | None = Field(
-        default=None, description="backend ray: the trial scheduler (default asha)")
-    scheduler_kwargs: dict[str, Any] = Field(default_factory=dict, description="backend ray: the scheduler's arguments")
-    resources_per_trial: dict[str, float] = Field(default_factory=dict,
-                                                  description="backend ray: e.g. {cpu: 2, gpu: 1} per trial")
-    ray_address: str | None = Field(default=None, description="backend ray: a cluster to join (default: RAY_ADDRESS, "
-                                                              "else a local Ray started for the study)")
-    seed: int = 42
-    storage: str | None = Field(default=None, description="Optuna storage URL or a .log journal file; default: "
-                                                          "sqlite in the study folder")
-    study_name: str | None = Field(default=None, description="default: the recipe file's name")
-    output_dir: str | None = Field(default=None, description="the study folder; default: training.output_dir")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _wilcoxon_with_cv(cls, data: Any) -> Any:
-        """With cv a trial's steps are its folds: the pruner defaults to wilcoxon, which pairs them."""
-        if isinstance(data, dict) and data.get("cv") is not None and "pruner" not in data:
-            return {**data, "pruner": "wilcoxon"}
-        return data
 
 
 class ProfileSection(_Section):

@@ -179,3 +179,10 @@ def check_search_settings(recipe) -> None:
         if str(recipe.training.get("eval_strategy")) != "steps":
             raise RecipeError("training.eval_strategy", "PBT exploits from the checkpoint of each evaluation",
                               fix="set training.eval_strategy: steps and eval_steps")
+
+
+def trial_reads_base_data(trial, base) -> bool:
+    """The data read once for the study fits this trial's recipe: a trial with another method (``search.space.
+    method``: KTO unpairs what DPO reads as pairs) or another reward list (whose columns are checked against the data)
+    reads its own."""
+    return trial.method == base.method and trial.rewards == base.rewards

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.methods import DEFAULT_METHOD, METHODS
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
-from hf_tune.recipe.overrides import apply_values
+from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
                                    ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
@@ -69,23 +69,50 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
 
 
 SEARCHABLE_SECTIONS = ("training", "lora", "optim", "model")
+SEARCHABLE_TOP_LEVEL = TOP_LEVEL_KEYS  # method (methods reading the same data) and rewards (GRPO's reward lists)
 
 
 def _check_search_space(recipe: Recipe) -> None:
-    """Every space key is a valid recipe key: the recipe validates with the key's first (or lowest) value."""
+    """Every space key is a valid recipe key: the recipe validates with the key's first (or lowest) value, and with
+    every choice of a top-level key (a method or a reward list changes what the whole recipe means)."""
     base = {k: v for k, v in recipe.to_dict().items() if k != "search"}
     for key, dist in recipe.search.space.items():
         path = f"search.space.{key}"
         section = key.split(".")[0]
+        if key in SEARCHABLE_TOP_LEVEL:
+            _check_top_level_choices(recipe, base, key, dist)
+            continue
         if "." not in key or section not in SEARCHABLE_SECTIONS:
-            raise RecipeError(path, f"cannot be searched: keys of {', '.join(SEARCHABLE_SECTIONS)} can "
-                              "(data keys would need the data tokenized again for every trial)")
+            raise RecipeError(path, f"cannot be searched: keys of {', '.join(SEARCHABLE_SECTIONS)} can, and "
+                              f"{' and '.join(SEARCHABLE_TOP_LEVEL)} (data keys would need the data tokenized again "
+                              "for every trial)")
         if section == "lora" and recipe.lora is None:
             raise RecipeError(path, "the recipe has no lora section", fix="add a lora section to search its keys")
         try:
             validate_recipe(apply_values(base, {key: dist.first_value}))
         except HfTuneError as err:
             raise RecipeError(path, str(err).removeprefix(f"{key}: ")) from None
+
+
+def _check_top_level_choices(recipe: Recipe, base: dict[str, Any], key: str, dist) -> None:
+    """``method`` or ``rewards`` takes choices, each of which makes a valid recipe; searched methods read the
+    recipe's data format (the data is read in that format for every trial)."""
+    path = f"search.space.{key}"
+    if dist.type != "categorical":
+        raise RecipeError(path, f"{key} takes a list of choices", fix=f"search.space.{key}: {{choices: [...]}}")
+    if key == "method":
+        fmt = recipe.data.format
+        others = [c for c in dist.choices if isinstance(c, str) and c in METHODS and fmt not in METHODS[c].formats]
+        if others:
+            read = "; ".join(f"{c} reads {' or '.join(METHODS[c].formats)}" for c in others)
+            raise RecipeError(path, f"the choices read different data formats: data.format is {fmt!r}, but {read}",
+                              fix="search methods that read the recipe's data (e.g. dpo and kto on preference "
+                                  "data), or run one search per method")
+    for index, choice in enumerate(dist.choices):
+        try:
+            validate_recipe(apply_values(base, {key: choice}))
+        except HfTuneError as err:
+            raise RecipeError(f"{path}.choices[{index}]", str(err)) from None
 
 
 def _parse_method(raw: dict[str, Any]):

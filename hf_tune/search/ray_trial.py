@@ -12,6 +12,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hf_tune.recipe.schema import Recipe, SearchSection
+from hf_tune.recipe.search_space import trial_reads_base_data
 from hf_tune.search.backend import trial_folder_name
 from hf_tune.search.ray_summary import PARAM_PREFIX, REPORTS, trial_values
 from hf_tune.search.sampling import trial_recipe
@@ -33,6 +34,7 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     if resume is None:  # a fresh trial: no report of an earlier study in this folder
         (folder / REPORTS).unlink(missing_ok=True)
     report = RayReport(spec.scheduler == "pbt", values)
+    data = data if trial_reads_base_data(recipe, base) else None  # None: the trial reads its own
     trainer = build_run(recipe, build_training_arguments(recipe), data=data, callbacks=[report]).trainer
     trainer.train(resume_from_checkpoint=resume)
     if report.last_step != trainer.state.global_step:  # no evaluation at the last step

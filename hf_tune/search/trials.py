@@ -23,6 +23,7 @@ from hf_tune.distributed import decided_on_main
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
+from hf_tune.recipe.search_space import trial_reads_base_data
 from hf_tune.search.backend import StudyPaths, base_recipe, study_paths
 from hf_tune.search.optuna_summary import summarize
 from hf_tune.search.pruning import OptunaPruning
@@ -134,7 +135,8 @@ def train_trial(context: OptunaSearch, trial, number: int, values: dict[str, Any
     recipe = trial_recipe(dataclasses.replace(context.base, training={**context.base.training,
                                                                       "output_dir": str(folder)}), values)
     pruning = OptunaPruning(trial, context.metrics)
-    run = build_run(recipe, data=context.data, callbacks=[pruning])
+    data = context.data if trial_reads_base_data(recipe, context.base) else None  # None: the trial reads its own
+    run = build_run(recipe, data=data, callbacks=[pruning])
     if trial is not None:
         trial.set_user_attr("trainable_params", trainable_params(run.model))
     try:
