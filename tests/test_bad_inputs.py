@@ -131,6 +131,7 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "search_wilcoxon_without_cv": "search.pruner",
     "search_method_formats": "search.space.method",
     "data_hub_dataset_missing": "data.train.path",
+    "model_hub_repo_missing": "model.pretrained_model_name_or_path",
     "mixture_weight_and_epochs": "data.train[0].weight",
     "mixture_missing_weight": "data.train[1].weight",
     "mixture_empty": "data.train",

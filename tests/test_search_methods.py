@@ -57,3 +57,21 @@ def test_grpo_reward_lists_are_searchable_and_a_bad_one_is_named(tmp_path, tiny_
     with pytest.raises(RecipeError) as refused:
         load_recipe(raw)
     assert refused.value.key == "search.space.rewards.choices[1]" and "pattern" in str(refused.value)
+
+
+def test_pbt_never_mutates_a_method(tmp_path, tiny_llama_dir, monkeypatch):
+    """Ray Tune is not installed here: a stand-in module lets the recipe checks reach PBT's (they import nothing)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    ray = types.ModuleType("ray")
+    ray.__spec__ = importlib.machinery.ModuleSpec("ray", None)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    raw = method_search(tiny_llama_dir, tmp_path, {"method": {"type": "categorical", "choices": ["dpo", "kto"]},
+                                                   "training.learning_rate": {"type": "float", "low": 1e-4,
+                                                                              "high": 1e-3}})
+    raw["search"].update(backend="ray", scheduler="pbt", sampler="random")
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(raw)
+    assert refused.value.key == "search.space.method" and "PBT mutates keys during a trial" in str(refused.value)

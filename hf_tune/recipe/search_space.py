@@ -173,6 +173,9 @@ def check_search_settings(recipe) -> None:
                               "this space has nothing else", fix="add a training or optim key (learning_rate ...), "
                               "or use scheduler asha")
         for key, dist in search.space.items():
+            if key in ("method", "rewards"):
+                raise RecipeError(f"search.space.{key}", "PBT mutates keys during a trial, and a trial trains one "
+                                  f"{key}", fix="use scheduler asha (or none), or run one PBT study per choice")
             if dist.when:
                 raise RecipeError(f"search.space.{key}.when", "PBT mutates every key at each perturbation",
                                   fix="remove the condition, or use scheduler asha")
