@@ -25,13 +25,15 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class Format:
+    """One ``data.format``: what its examples hold, how they become what a trainer reads, and who reads them."""
+
     name: str
     layouts: tuple[tuple[str, ...], ...]  # column sets, one of which the data holds (the first whose first is there)
     columns: tuple[Column, ...]  # every column it reads: checked per row, and replaced by the normalised example
     help: str  # what the examples hold, in one line (errors, docs)
     normalizer: str | None  # "module:function": a raw example -> what its trainer reads; None: read as it is
     methods: tuple[str, ...]  # the recipe methods that read it (hf_tune.methods)
-    tasks: tuple[str, ...] = ()  # the model.task values it trains with method sft (hf_tune.tasks)
+    tasks: tuple[str, ...] = ()  # the model.task values that train on it (Task.formats; reward_model: the pairs)
     default_for: tuple[str, ...] = ()  # the methods whose default data.format it is
     mixable: bool = False  # becomes input_ids + labels: may be mixed with other such formats, and streamed
     chat_template: bool = False  # always rendered by the tokenizer's chat template (which must exist)
@@ -42,6 +44,7 @@ class Format:
 
     @property
     def normalize(self) -> Callable[[dict[str, Any]], Any]:
+        """The normaliser, imported on first use (it may need datasets or TRL's helpers)."""
         return _resolve(self.normalizer)
 
     def layout(self, columns: list[str]) -> tuple[str, ...]:
