@@ -1,14 +1,19 @@
-"""``hf-tune`` verbs. Each one parses its arguments and calls the notebook API; no logic lives here."""
+"""``hf-tune`` verbs. Each one parses its arguments and calls the notebook API; no logic lives here. A verb imports
+what it calls when it runs, so ``hf-tune --help`` (and a mistyped verb) loads no library."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import yaml
 
-from hf_tune.run import recipe_arguments, user_errors
+from hf_tune import __version__
+from hf_tune.command_line import DEBUG_HELP, recipe_arguments, user_errors
 
 
 def _validate(args) -> None:
@@ -157,117 +162,113 @@ def _read(prompt: str) -> str | None:
 
 def installed_version() -> str:
     """The installed distribution's version (what pip sees), else the source tree's ``hf_tune.__version__``."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("hf_tune")
     except PackageNotFoundError:
-        from hf_tune import __version__
-
         return __version__
 
 
-def main(argv: list[str] | None = None) -> None:
+def option(*flags: str, **settings) -> tuple[tuple[str, ...], dict]:
+    """One argument of a verb, as ``ArgumentParser.add_argument`` takes it."""
+    return flags, settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    """One ``hf-tune`` sub-command: what it runs, its help line, whether it reads RECIPE [overrides], its options."""
+
+    run: Callable[[argparse.Namespace], None]
+    help: str
+    reads_recipe: bool = False
+    options: tuple[tuple[tuple[str, ...], dict], ...] = ()
+
+
+RUN_DIR = option("run_dir")
+TRACKING_URI = "default: MLFLOW_TRACKING_URI"
+VERBS = {  # in the order `hf-tune --help` lists them
+    "train": Verb(_train, "train from a recipe (same as python -m hf_tune.run)", True),
+    "validate": Verb(_validate, "check a recipe and print it fully resolved", True),
+    "plan": Verb(_plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training", True, (
+        option("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)"),
+        option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)"))),
+    "profile": Verb(_profile, "a short run of the profile section's steps under torch.profiler: trace, top operators, "
+                    "step-time shares", True, (
+        option("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; the "
+               "real run folder is not touched)"),)),
+    "cv": Verb(_cv, "stratified k-fold cross-validation of a classification recipe", True,
+               (option("--folds", type=int, default=5),)),
+    "search": Verb(_search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)", True, (
+        option("--dashboard", action="store_true", help="first print how to open optuna-dashboard on the study's "
+               "storage (pip install 'hf_tune[dashboard]')"),)),
+    "init": Verb(_init, "write a recipe for MODEL whose plan fits the machine (each choice commented)", options=(
+        option("model", help="a Hub id, local folder or embedded: name (its config is read, no weight)"),
+        option("--gpus", type=int, default=1, help="GPUs the run uses (default 1)"),
+        option("--gpu-memory", type=float, default=80, help="GB of memory per GPU (default 80)"),
+        option("--tuning", default="auto", choices=["auto", "full", "lora", "qlora"],
+               help="default: the fastest that fits (full for models under 2B parameters, then LoRA, then QLoRA)"),
+        option("--setup", default="auto", choices=["auto", "ddp", "zero2", "zero3"],
+               help="distribution (default: the fastest that fits: DDP, then ZeRO-2, then ZeRO-3)"),
+        option("--max-length", type=int, default=4096, help="longest example in tokens (data.max_length)"),
+        option("--data", default="data/train.jsonl", help="chat data (JSONL of messages) for data.train.path"),
+        option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)"))),
+    "report": Verb(_report, "plot a run's loss, learning rates and eval metrics into PNG files", options=(RUN_DIR,)),
+    "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
+        RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),
+        option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
+               "dequantized to it); the merge streams the base's safetensors shard by shard"),
+        option("--check", action="store_true", help="compare merged logits with base + adapter (one model in memory "
+               "at a time)"))),
+    "push": Verb(_push, "upload a run (adapter, or --merged model) with a model card to the Hub", options=(
+        RUN_DIR, option("--repo-id", required=True, help="OWNER/NAME"),
+        option("--merged", action="store_true", help="push the merged model instead of the adapter"),
+        option("--private", action="store_true"),
+        option("--revision", default=None, help="a branch (created if needed)"),
+        option("--base-model", default=None, metavar="ORG/NAME",
+               help="the base model's Hub id, for an adapter trained on a local folder"),
+        option("--include-manifest", action="store_true",
+               help="also upload run.json (host name, command line, environment), trainer_state.json and plots"),
+        option("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)"))),
+    "compare": Verb(_compare, "table of runs' differing recipe keys and results; their curves in one PNG", options=(
+        option("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)"),
+        option("--out", default="compare.png", help="the PNG of overlaid loss and eval curves"))),
+    "register": Verb(_register, "log a run's model to the MLflow registry as a new version of NAME", options=(
+        RUN_DIR, option("--name", required=True, help="the registered model's name"),
+        option("--alias", default=None, help="point this alias (e.g. staging) at the new version"),
+        option("--tracking-uri", default=None, help=f"{TRACKING_URI}, else the run folder's store"))),
+    "promote": Verb(_promote, "point an alias of a registered model (e.g. production) at a version", options=(
+        option("name"), option("version"), option("--alias", required=True),
+        option("--tracking-uri", default=None, help=TRACKING_URI))),
+    "chat": Verb(_chat, "talk to a trained run (adapter or full model)", options=(
+        RUN_DIR, option("--prompt", help="one message, answered once (default: interactive)"),
+        option("--system", help="a system message"),
+        option("--max-new-tokens", type=int, default=128),
+        option("--device", default=None, help="default: cuda if available, else mps, else cpu"),
+        option("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
+               help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype"),
+        option("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled"),
+        option("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature above 0)"),
+        option("--seed", type=int, default=None, help="makes sampled replies repeatable"))),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """``hf-tune``'s arguments: one sub-command per entry of ``VERBS``."""
     p = argparse.ArgumentParser(prog="hf-tune", description="Fine-tune Hugging Face models from a YAML recipe.")
-    p.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     p.add_argument("--version", action="version", version=f"hf-tune {installed_version()}")
     verbs = p.add_subparsers(dest="verb", required=True)
+    for name, verb in VERBS.items():
+        v = verbs.add_parser(name, help=verb.help, parents=[recipe_arguments()] if verb.reads_recipe else [])
+        for flags, settings in verb.options:
+            v.add_argument(*flags, **settings)
+        # `hf-tune validate R --debug` as well as `hf-tune --debug validate R`
+        v.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        v.set_defaults(func=verb.run)
+    return p
 
-    def recipe_verb(name: str, func, help_text: str) -> argparse.ArgumentParser:
-        v = verbs.add_parser(name, help=help_text, parents=[recipe_arguments()])
-        v.set_defaults(func=func)
-        return v
 
-    recipe_verb("train", _train, "train from a recipe (same as python -m hf_tune.run)")
-    recipe_verb("validate", _validate, "check a recipe and print it fully resolved")
-    v = recipe_verb("plan", _plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training")
-    v.add_argument("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)")
-    v.add_argument("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")
-    v = recipe_verb("profile", _profile, "a short run of the profile section's steps under torch.profiler: trace, "
-                    "top operators, step-time shares")
-    v.add_argument("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; "
-                   "the real run folder is not touched)")
-    v = recipe_verb("cv", _cv, "stratified k-fold cross-validation of a classification recipe")
-    v.add_argument("--folds", type=int, default=5)
-    v = recipe_verb("search", _search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)")
-    v.add_argument("--dashboard", action="store_true",
-                   help="first print how to open optuna-dashboard on the study's storage (pip install 'hf_tune[dashboard]')")
-
-    v = verbs.add_parser("init", help="write a recipe for MODEL whose plan fits the machine (each choice commented)")
-    v.add_argument("model", help="a Hub id, local folder or embedded: name (its config is read, no weight)")
-    v.add_argument("--gpus", type=int, default=1, help="GPUs the run uses (default 1)")
-    v.add_argument("--gpu-memory", type=float, default=80, help="GB of memory per GPU (default 80)")
-    v.add_argument("--tuning", default="auto", choices=["auto", "full", "lora", "qlora"],
-                   help="default: the fastest that fits (full for models under 2B parameters, then LoRA, then QLoRA)")
-    v.add_argument("--setup", default="auto", choices=["auto", "ddp", "zero2", "zero3"],
-                   help="distribution (default: the fastest that fits: DDP, then ZeRO-2, then ZeRO-3)")
-    v.add_argument("--max-length", type=int, default=4096, help="longest example in tokens (data.max_length)")
-    v.add_argument("--data", default="data/train.jsonl", help="chat data (JSONL of messages) for data.train.path")
-    v.add_argument("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)")
-    v.set_defaults(func=_init)
-
-    v = verbs.add_parser("report", help="plot a run's loss, learning rates and eval metrics into PNG files")
-    v.add_argument("run_dir")
-    v.set_defaults(func=_report)
-
-    v = verbs.add_parser("merge", help="merge a LoRA run's adapter into its base model")
-    v.add_argument("run_dir")
-    v.add_argument("--out", default=None, help="default: RUN_DIR/merged")
-    v.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
-                   "dequantized to it); the merge streams the base's safetensors shard by shard")
-    v.add_argument("--check", action="store_true", help="compare merged logits with base + adapter (one model "
-                   "in memory at a time)")
-    v.set_defaults(func=_merge)
-
-    v = verbs.add_parser("push", help="upload a run (adapter, or --merged model) with a model card to the Hub")
-    v.add_argument("run_dir")
-    v.add_argument("--repo-id", required=True, help="OWNER/NAME")
-    v.add_argument("--merged", action="store_true", help="push the merged model instead of the adapter")
-    v.add_argument("--private", action="store_true")
-    v.add_argument("--revision", default=None, help="a branch (created if needed)")
-    v.add_argument("--base-model", default=None, metavar="ORG/NAME",
-                   help="the base model's Hub id, for an adapter trained on a local folder")
-    v.add_argument("--include-manifest", action="store_true",
-                   help="also upload run.json (host name, command line, environment), trainer_state.json and plots")
-    v.add_argument("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)")
-    v.set_defaults(func=_push)
-
-    v = verbs.add_parser("compare", help="table of runs' differing recipe keys and results; their curves in one PNG")
-    v.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)")
-    v.add_argument("--out", default="compare.png", help="the PNG of overlaid loss and eval curves")
-    v.set_defaults(func=_compare)
-
-    v = verbs.add_parser("register", help="log a run's model to the MLflow registry as a new version of NAME")
-    v.add_argument("run_dir")
-    v.add_argument("--name", required=True, help="the registered model's name")
-    v.add_argument("--alias", default=None, help="point this alias (e.g. staging) at the new version")
-    v.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else the run folder's store")
-    v.set_defaults(func=_register)
-
-    v = verbs.add_parser("promote", help="point an alias of a registered model (e.g. production) at a version")
-    v.add_argument("name")
-    v.add_argument("version")
-    v.add_argument("--alias", required=True)
-    v.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
-    v.set_defaults(func=_promote)
-
-    v = verbs.add_parser("chat", help="talk to a trained run (adapter or full model)")
-    v.add_argument("run_dir")
-    v.add_argument("--prompt", help="one message, answered once (default: interactive)")
-    v.add_argument("--system", help="a system message")
-    v.add_argument("--max-new-tokens", type=int, default=128)
-    v.add_argument("--device", default=None, help="default: cuda if available, else mps, else cpu")
-    v.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
-                   help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype")
-    v.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled")
-    v.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature above 0)")
-    v.add_argument("--seed", type=int, default=None, help="makes sampled replies repeatable")
-    v.set_defaults(func=_chat)
-
-    for verb in verbs.choices.values():  # `hf-tune validate R --debug` as well as `hf-tune --debug validate R`
-        verb.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                          help="show the traceback of errors")
-    args = p.parse_args(argv)
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     with user_errors(args.debug):
         args.func(args)
 

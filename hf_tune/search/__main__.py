@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import sys
 
+from hf_tune.command_line import configure_logging, launcher_parser, user_errors
 from hf_tune.distributed import end_process_group
 from hf_tune.recipe_loading import load_recipe
-from hf_tune.run import configure_logging, parser, user_errors
 from hf_tune.search import format_summary, search
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    args = launcher_parser("python -m hf_tune.search", __doc__.splitlines()[0]).parse_args(argv)
     configure_logging()
     with user_errors(args.debug):
         result = search(load_recipe(args.recipe, args.overrides))
