@@ -1,5 +1,8 @@
-"""Run under the `deepspeed` launcher by test_reference_cache.py: build the DPO trainer of each recipe in turn (TRL
-computes or reuses the reference log-probabilities when the trainer is built), then dump per rank what each got."""
+"""Run under the `deepspeed` launcher by test_reference_cache.py: for each phase (a base identity and a cache folder),
+build the DPO trainer of each of its recipes in turn (TRL computes or reuses the reference log-probabilities when the
+trainer is built), then dump per rank and phase what each trainer got. Usage: ``probe.py REPORT PHASE...`` with
+PHASE = ``IDENTITY,CACHE_DIR,RECIPE[,RECIPE...]``, IDENTITY ``files`` or ``weights`` (as for a model built in memory,
+with no weight files: keyed by its weights gathered from the shards). One launch serves every phase."""
 
 import json
 import logging
@@ -12,17 +15,37 @@ from hf_tune.build import build_run
 
 logging.basicConfig(level=logging.INFO)
 
-if os.environ.get("PROBE_WITHOUT_FILES"):  # as for a model built in memory: keyed by its gathered weights
-    hf_tune.reference.files_identity = lambda model: None
-*recipe_paths, report_path = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
-report = []
-for path in recipe_paths:
-    trainer = build_run(load_recipe(path)).trainer
-    data = trainer.train_dataset
-    report.append({"hits": getattr(trainer, "reference_cache_hits", 0),
-                   "rows": [{key: data[i][key] for key in ("prompt_ids", "chosen_ids", "ref_chosen_logps")}
-                            for i in range(len(data))]})
-    rank = trainer.args.process_index
-    del trainer
+
+class Messages(logging.Handler):
+    """The messages hf_tune.reference logs on this rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+report_path, *phases = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
+with_files = hf_tune.reference.files_identity
+report, rank = [], 0
+for phase in phases:
+    identity, cache, *recipe_paths = phase.split(",")
+    os.environ["HF_TUNE_CACHE"] = cache
+    hf_tune.reference.files_identity = with_files if identity == "files" else (lambda model: None)
+    messages = Messages()
+    logging.getLogger("hf_tune.reference").addHandler(messages)
+    trainers = []
+    for path in recipe_paths:
+        trainer = build_run(load_recipe(path)).trainer
+        data = trainer.train_dataset
+        trainers.append({"hits": getattr(trainer, "reference_cache_hits", 0),
+                         "rows": [{key: data[i][key] for key in ("prompt_ids", "chosen_ids", "ref_chosen_logps")}
+                                  for i in range(len(data))]})
+        rank = trainer.args.process_index
+        del trainer
+    logging.getLogger("hf_tune.reference").removeHandler(messages)
+    report.append({"identity": identity, "trainers": trainers, "messages": messages.messages})
 with open(f"{report_path}.rank{rank}", "w") as f:
     json.dump(report, f)

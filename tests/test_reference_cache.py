@@ -34,11 +34,11 @@ def chosen_logps(base: str, rows: list[dict]) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("identity", ["files", "gathered weights"])
-def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path, smol_tokenizer, identity):
+def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path, smol_tokenizer):
     """One 2-process ZeRO-3 launch builds the DPO trainers of base A, base B (same architecture, other seed), then
     A again: B computes its own reference from its own weights, A's second trainer reuses A's entry on both ranks.
-    The base is identified by its files, or (as a model built in memory) by its weights gathered from the shards."""
+    The base is identified by its files, then (in the same launch, on an empty cache, as a model built in memory) by
+    its weights gathered from the shards."""
     bases = {"a": save_tiny_llama(tmp_path / "base-a", smol_tokenizer, seed=1),
              "b": save_tiny_llama(tmp_path / "base-b", smol_tokenizer, seed=2)}
     data = conversational_pairs(tmp_path / "p.jsonl")
@@ -47,31 +47,42 @@ def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path
     zero3["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0,
                                       stage3_max_reuse_distance=0)
     (tmp_path / "zero3.json").write_text(json.dumps(zero3))
-    recipes = []
-    for run, base in (("a", "a"), ("b", "b"), ("a-again", "a")):
-        raw = method_recipe("dpo", bases[base], data, tmp_path / run, deepspeed=str(tmp_path / "zero3.json"),
-                             per_device_train_batch_size=1)
-        recipes.append(tmp_path / f"{run}.yaml")
-        recipes[-1].write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "HF_TUNE_CACHE": str(tmp_path / "cache"),
-           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    if identity == "gathered weights":
-        env["PROBE_WITHOUT_FILES"] = "1"
+    identities = {"files": tmp_path / "cache-files", "weights": tmp_path / "cache-weights"}
+    phases = []
+    for identity, cache in identities.items():
+        recipes = []
+        for run, base in (("a", "a"), ("b", "b"), ("a-again", "a")):
+            raw = method_recipe("dpo", bases[base], data, tmp_path / identity / run,
+                                deepspeed=str(tmp_path / "zero3.json"), per_device_train_batch_size=1)
+            recipes.append(tmp_path / f"{identity}-{run}.yaml")
+            recipes[-1].write_text(yaml.safe_dump(raw))
+        phases.append(",".join([identity, str(cache), *map(str, recipes)]))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
     result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), str(REPO / "tests" / "reference_cache_probe.py"), *map(str, recipes),
-                             str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True,
+                             str(free_port()), str(REPO / "tests" / "reference_cache_probe.py"),
+                             str(tmp_path / "report"), *phases], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]
-    for a, b, a_again in ranks:
-        assert (a["hits"], b["hits"], a_again["hits"]) == (0, 0, 1)  # every rank took the main process's branch
-        got = {"a": [row["ref_chosen_logps"] for row in a["rows"]], "b": [row["ref_chosen_logps"] for row in b["rows"]]}
-        for name in ("a", "b"):  # each base's own log-probabilities, not the other's
-            assert got[name] == pytest.approx(chosen_logps(bases[name], a["rows"]), abs=1e-4)
-        assert [row["ref_chosen_logps"] for row in a_again["rows"]] == got["a"]
-    assert len(list((tmp_path / "cache" / "reference_logps").glob("*.parquet"))) == 2
-    keyed_by_weights = "keyed by a hash of its weights" in result.stdout + result.stderr
-    assert keyed_by_weights == (identity == "gathered weights")
+    rows = ranks[0][0]["trainers"][0]["rows"]
+    examples = [(row["prompt_ids"], row["chosen_ids"]) for row in rows]
+    expected = {name: chosen_logps(bases[name], rows) for name in ("a", "b")}  # computed here, in one process
+    for phase, (identity, cache) in enumerate(identities.items()):
+        for rank in ranks:
+            assert rank[phase]["identity"] == identity
+            a, b, a_again = rank[phase]["trainers"]
+            assert (a["hits"], b["hits"], a_again["hits"]) == (0, 0, 1)  # every rank took the main process's branch
+            got = {"a": [row["ref_chosen_logps"] for row in a["rows"]],
+                   "b": [row["ref_chosen_logps"] for row in b["rows"]]}
+            for trainer in (a, b):  # the rows the expected log-probabilities were computed for
+                assert [(row["prompt_ids"], row["chosen_ids"]) for row in trainer["rows"]] == examples
+            for name in ("a", "b"):  # each base's own log-probabilities, not the other's
+                assert got[name] == pytest.approx(expected[name], abs=1e-4)
+            assert [row["ref_chosen_logps"] for row in a_again["rows"]] == got["a"]
+        assert len(list((cache / "reference_logps").glob("*.parquet"))) == 2
+        keyed_by_weights = any("keyed by a hash of its weights" in message
+                               for rank in ranks for message in rank[phase]["messages"])
+        assert keyed_by_weights == (identity == "weights")
 
 
 def test_equal_examples_have_one_digest_whatever_their_arrow_layout():
