@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_tune import run_folder
+from hf_tune.distributed import decided_on_main, ranks_without
 from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ def resume_checkpoint(output_dir: Path, mode: str) -> str | None:
 
     The main process decides and every rank takes its answer (each rank looking for itself could pick another
     checkpoint, or none, and train from another step); every rank must then see that checkpoint."""
-    from hf_tune.distributed import decided_on_main, ranks_without
-
     choice = decided_on_main(lambda: _choose_checkpoint(output_dir, mode))
     if choice is None:
         return None

@@ -14,14 +14,13 @@ import yaml
 
 from hf_tune import __version__
 from hf_tune.command_line import DEBUG_HELP, recipe_arguments, user_errors
+from hf_tune.redaction import redact_secrets
 
 
 def _validate(args) -> None:
-    from hf_tune.recipe_loading import load_recipe
-    from hf_tune.redaction import redact_secrets
-    from hf_tune.resolved_recipe import resolved_recipe_dict
-
     from hf_tune.effective import hf_tune_defaults, mark_defaults
+    from hf_tune.recipe_loading import load_recipe
+    from hf_tune.resolved_recipe import resolved_recipe_dict
 
     recipe = load_recipe(args.recipe, args.overrides)
     resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)

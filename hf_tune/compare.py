@@ -15,6 +15,7 @@ import yaml
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.lineage import flat_lineage
+from hf_tune.report import series, training_state
 from hf_tune.search.backend import STUDY_JSON, read_study_trials, study_backend, trial_folder_name
 
 IGNORED_KEYS = ("training.output_dir",)  # differs between any two runs; the row's name says it
@@ -53,8 +54,6 @@ def collect_runs(paths: list[str | Path]) -> list[ComparedRun]:
 
 
 def _run_folder(path: Path) -> ComparedRun:
-    from hf_tune.report import series, training_state
-
     manifest = json.loads((path / run_folder.MANIFEST).read_text()) if (path / run_folder.MANIFEST).is_file() else {}
     recipe = manifest.get("recipe") or yaml.safe_load((path / run_folder.RECIPE).read_text())
     metrics = dict(manifest.get("metrics") or {})
@@ -77,8 +76,6 @@ def _study_trials(study_dir: Path) -> list[ComparedRun]:
     """Each finished or pruned trial of the study in the folder, whichever backend ran it (Optuna: every study in its
     database; Ray Tune): its sampled values over the base recipe (``best_recipe.yaml`` without the trial's keys), its
     objective values, its reported curve, and the loss curve of its last checkpoint where it kept one."""
-    from hf_tune.report import series
-
     trials = read_study_trials(study_dir)
     several = len({t.study_name for t in trials}) > 1
     runs = []

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from hf_tune.data import build_collator
 from hf_tune.methods import method_of
+from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
+from hf_tune.model.attention_choice import flash_candidates
+from hf_tune.model.loading import build_tokenizer, model_config
+from hf_tune.model.meta import config_model_class
 from hf_tune.recipe.schema import Recipe
 from hf_tune.tasks import task_of
+from hf_tune.training_args import computes_in_half_precision, training_kwargs
 
 MARK = "  # hf_tune's default"
 
 
 def hf_tune_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
     """{section: {key: value}} of the values hf_tune fills in for this recipe on this machine."""
-    from hf_tune.training_args import training_kwargs
-
     training = {key: value for key, value in training_kwargs(recipe).items()
                 if key not in recipe.training and key not in ("run_name", "project")}  # those two: tracking's
     training.setdefault("resume_from_checkpoint", "auto")
@@ -34,13 +38,6 @@ def _attention_and_padding_free(recipe: Recipe) -> tuple[str, bool]:
     """The attention ``build_model`` will choose (its rule: sdpa_varlen where the packing probe proved it exact, flash
     instead on a GPU where installed) and the collator's padding-free decision under it."""
     import torch
-
-    from hf_tune.data import build_collator
-    from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
-    from hf_tune.model.attention_choice import flash_candidates
-    from hf_tune.model.loading import build_tokenizer, model_config
-    from hf_tune.model.meta import config_model_class
-    from hf_tune.training_args import computes_in_half_precision
 
     config = model_config(recipe)
     model_class = config_model_class(recipe, config)

@@ -10,6 +10,11 @@ from pathlib import Path
 from huggingface_hub import constants  # noqa: F401  (tests and users patch hf_tune.hub.constants)
 
 from hf_tune import run_folder
+from hf_tune.errors import HfTuneError
+from hf_tune.model.merge import (CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas,
+                                 write_merged_shards)
+from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
+from hf_tune.model_card import base_model_id, render_model_card
 from hf_tune.network import hub_is_reachable  # noqa: F401  (hf_tune.hub.hub_is_reachable, as before)
 from hf_tune.tasks import Task, task_of
 
@@ -31,7 +36,8 @@ MERGE_CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}  # 
 QUANTIZED_DTYPES = ("nf4", "fp4", "int4", "int8", "4bit", "8bit")  # --dtype values a QLoRA run's merge refuses
 
 
-def _run_task(run_dir: Path) -> Task:
+def run_task(run_dir: Path) -> Task:
+    """The task of the run's recipe (its model section's ``task``; the default task when unset)."""
     return task_of(_recipe_model(run_dir).get("task"))
 
 
@@ -42,9 +48,6 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
 
     import torch
     from transformers import AutoTokenizer
-
-    from hf_tune.errors import HfTuneError
-    from hf_tune.model.merge import write_merged_shards
 
     run_dir = Path(run_dir)
     if not (run_dir / run_folder.ADAPTER_CONFIG).is_file():
@@ -59,7 +62,7 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
                               "it quantized, load the merged model with the same quantization_config")
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {sorted(MERGE_CHECK_TOLERANCE)}")
     out = Path(out) if out else run_dir / run_folder.MERGED
-    task = _run_task(run_dir)
+    task = run_task(run_dir)
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     samples = _sample_inputs(tokenizer, task.causal)
     tolerance = MERGE_CHECK_TOLERANCE[dtype]
@@ -102,8 +105,6 @@ def _run_quantization(run_dir: Path) -> dict | None:
 def _shard_plan(run_dir: Path, task: Task, vocab_size: int):
     """The merge by shard's plan (hf_tune.model.merge), or None, with the reason logged, where PEFT's whole-model
     merge must run instead: another task, a GGUF or .bin base, a LoRA variant (DoRA, modules_to_save, ...)."""
-    from hf_tune.model.merge import CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas
-
     model = _recipe_model(run_dir)
     adapter = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
     base, revision = adapter.get("base_model_name_or_path") or "", model.get("revision") or adapter.get("revision")
@@ -149,8 +150,6 @@ def _check_merged(out: Path, task: Task, samples, reference, dtype: str, toleran
     """Compare the saved model's logits (reloaded in float32) with the reference; fail beyond the tolerance."""
     import torch
 
-    from hf_tune.errors import HfTuneError
-
     reloaded = task.model_class.from_pretrained(out, dtype=torch.float32).eval()
     with torch.no_grad():
         diff = (reloaded(**samples).logits - reference).abs().max().item()
@@ -169,8 +168,6 @@ def _merge_quantized(run_dir: Path, task: Task, quantization: dict, samples, che
     (LLM.int8), held to the bfloat16 tolerance (benchmarks/RESULTS.md)."""
     import torch
     from peft import PeftConfig, PeftModel
-
-    from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
 
     base_path = PeftConfig.from_pretrained(run_dir).base_model_name_or_path
     config = bitsandbytes_config(quantization)
@@ -209,9 +206,6 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
     adapter_config.json names the base by its Hub id (``base_model`` for a run trained on a local folder). The run
     folder is only read: a merge it lacks is made in a temporary folder. Returns the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi, get_token
-
-    from hf_tune.errors import HfTuneError
-    from hf_tune.model_card import render_model_card
 
     run_dir = Path(run_dir)
     if not (run_dir / run_folder.RECIPE).is_file():
@@ -278,9 +272,6 @@ def pushed_base(run_dir: Path, base_model: str | None, adapter: bool) -> tuple[s
     (an embedded model's is the Hub id its weights came from). An adapter whose base others cannot load is refused."""
     import yaml
     from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    from hf_tune.errors import HfTuneError
-    from hf_tune.model_card import base_model_id
 
     if base_model:
         try:

@@ -18,7 +18,10 @@ from hf_tune.errors import HfTuneError
 from hf_tune.formats import DEFAULT_FORMAT
 from hf_tune.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.meta import build_meta_model
+from hf_tune.optim.schedule import resolve_schedule
+from hf_tune.plan import plan_memory
 from hf_tune.recipe import validate_recipe
+from hf_tune.training_args import build_training_arguments
 
 TUNINGS = ("full", "lora", "qlora")
 FULL_AUTO_MAX_PARAMS = 2e9  # auto trains every weight of a model this small when it fits: LoRA saves little there
@@ -73,10 +76,6 @@ def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, t
 
 def estimate(recipe: dict, world: int, models: dict) -> float:
     """The estimated peak per rank of a candidate recipe: ``hf-tune plan``'s own numbers (``plan.plan_memory``)."""
-    from hf_tune.optim.schedule import resolve_schedule
-    from hf_tune.plan import plan_memory
-    from hf_tune.training_args import build_training_arguments
-
     parsed = validate_recipe(recipe)
     parsed = dataclasses.replace(parsed, training=resolve_schedule(parsed.training, parsed.optim))
     # candidates differ in tuning and dtype only (a full fine-tune under DDP keeps float32 weights)

@@ -8,6 +8,8 @@ import math
 
 from torch import nn
 
+from hf_tune.ds_config import load_deepspeed_config
+
 # CUDA context, cuBLAS / NCCL workspaces and allocator fragmentation: what a rank holds beyond tensors. Measured
 # figures on H100 sit between 1 and 3 GiB; the estimate takes the upper end so that a fitting plan fits.
 RUNTIME_RESERVE_BYTES = 3 * 2**30
@@ -122,8 +124,6 @@ def activation_memory(config, tokens: int, checkpointing: bool, logit_positions:
 def recipe_setup(training: dict) -> str:
     """The row of the model-state table a recipe's ``training`` section runs: its DeepSpeed stage and offload, FSDP
     (full_shard partitions as ZeRO-3 does, shard_grad_op as ZeRO-2), or plain DDP."""
-    from hf_tune.ds_config import load_deepspeed_config
-
     if training.get("deepspeed"):
         zero = load_deepspeed_config(training["deepspeed"]).get("zero_optimization") or {}
         offload = any((zero.get(k) or {}).get("device") in ("cpu", "nvme")

@@ -23,6 +23,7 @@ import torch
 from datasets import Dataset, concatenate_datasets
 
 from hf_tune.errors import RecipeError
+from hf_tune.model.embedded import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ FILE_HASHES = "file_sha256.json"
 
 
 def reference_cache_dir() -> Path:
-    from hf_tune.model.embedded import cache_dir
-
     return cache_dir() / "reference_logps"
 
 

@@ -15,13 +15,14 @@ import yaml
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
+from hf_tune.hub import merge, run_task
 from hf_tune.lineage import flat_lineage, read_lineage
+from hf_tune.mlflow_run import (existing_mlflow_run, log_new_params, log_run_folder_artifacts, mlflow_experiment_id,
+                                run_folder_mlflow_uri, save_mlflow_run_id)
 
 
 def registry_uri(run_dir: str | Path | None = None, tracking_uri: str | None = None) -> str:
     """The MLflow store: the one given, else ``MLFLOW_TRACKING_URI``, else the run folder's own store."""
-    from hf_tune.mlflow_run import run_folder_mlflow_uri
-
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
@@ -49,9 +50,6 @@ def register(run_dir: str | Path, name: str, alias: str | None = None, tracking_
     and point ``alias`` at it. Returns the version, its ``models:/`` URI and the MLflow run id."""
     mlflow = _mlflow()
     from mlflow import MlflowClient
-
-    from hf_tune.mlflow_run import (existing_mlflow_run, log_new_params, log_run_folder_artifacts,
-                                    mlflow_experiment_id, save_mlflow_run_id)
 
     run_dir = Path(run_dir)
     if not (run_dir / run_folder.MANIFEST).is_file() or not (run_dir / run_folder.RECIPE).is_file():
@@ -124,9 +122,7 @@ def _trained_model(run_dir: Path, scratch: Path) -> tuple[Any, Any, Any]:
     """(model, tokenizer, task) of a run: its full model, or its LoRA adapter merged into the base (float32)."""
     from transformers import AutoTokenizer
 
-    from hf_tune.hub import _run_task, merge
-
-    task = _run_task(run_dir)
+    task = run_task(run_dir)
     source = run_dir
     if (run_dir / run_folder.ADAPTER_CONFIG).is_file():
         source = Path(merge(run_dir, out=scratch / "merged", dtype="float32")["merged_dir"])

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from hf_tune import run_folder
+from hf_tune.checkpoints import last_complete_checkpoint
+from hf_tune.errors import HfTuneError
 
 
 def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -15,15 +17,11 @@ def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def training_state(run_dir: Path) -> Path:
     """``trainer_state.json`` of a finished run, or of the newest complete checkpoint of a run in progress."""
-    from hf_tune.checkpoints import last_complete_checkpoint
-
     state = run_dir / run_folder.TRAINER_STATE
     if state.is_file():
         return state
     checkpoint = last_complete_checkpoint(run_dir)
     if checkpoint is None or not (checkpoint / run_folder.TRAINER_STATE).is_file():
-        from hf_tune.errors import HfTuneError
-
         raise HfTuneError(f"{run_dir}: no trainer_state.json, and no complete checkpoint yet\n  fix: pass the "
                           "output_dir of a run (a run in progress is reported from its newest checkpoint)")
     return checkpoint / run_folder.TRAINER_STATE

@@ -9,14 +9,18 @@ from transformers import AutoTokenizer
 
 from hf_tune.errors import HfTuneError, RecipeError, stage_errors
 from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
+from hf_tune.model.attention_choice import choose_attention
+from hf_tune.model.dropout import use_fast_lora_dropout
 from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
 from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
                                       trainable_token_indices)
+from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
 from hf_tune.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
 from hf_tune.sources import OFFLINE_MODEL_FIX
 from hf_tune.tasks import task_of
+from hf_tune.training_args import computes_in_half_precision
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +55,6 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     kwargs = {**_source_kwargs(m), "dtype": m.dtype, "attn_implementation": m.attn_implementation,
               "num_labels": m.num_labels, "device_map": m.device_map}
     if m.quantization_config:
-        from hf_tune.model.quantization import bitsandbytes_config
-
         kwargs["quantization_config"] = bitsandbytes_config(m.quantization_config)
     if task.num_labels is not None:  # a fixed head (a reward model's one score)
         kwargs["num_labels"] = task.num_labels
@@ -91,9 +93,6 @@ def _choose_attention(model, recipe: Recipe) -> str:
     """Both choices run flattened examples apart (``hf_tune.model.attention_choice``)."""
     import torch
 
-    from hf_tune.model.attention_choice import choose_attention
-    from hf_tune.training_args import computes_in_half_precision
-
     on_gpu = torch.cuda.is_available() and not recipe.training.get("use_cpu")
     return choose_attention(model, on_gpu, on_gpu and computes_in_half_precision(recipe))
 
@@ -116,8 +115,6 @@ def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
 
     checkpointing = bool(recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"))
     if recipe.model.quantization_config:
-        from hf_tune.model.quantization import describe, prepare_for_lora
-
         model = prepare_for_lora(model, checkpointing, recipe.training.get("activation_checkpointing_kwargs")
                                  or recipe.training.get("gradient_checkpointing_kwargs"))
         logger.info("QLoRA: %s base prepared with peft.prepare_model_for_kbit_training (gradient checkpointing %s, "
@@ -136,8 +133,6 @@ def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
                               f"the model; its linear modules are: {', '.join(names)}", fix=f"name some of them "
                               f"(e.g. lora.target_modules=[{', '.join(names[:2])}]), or all-linear") from err
     if recipe.model.fast_lora_dropout:
-        from hf_tune.model.dropout import use_fast_lora_dropout
-
         swapped = use_fast_lora_dropout(model)
         logger.info("LoRA dropout: hf_tune.model.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
     return model

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from hf_tune.network import hub_is_reachable
+
 logger = logging.getLogger(__name__)
 
 ADAPTER_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transformers model, in a saved adapter's keys
@@ -104,8 +106,6 @@ def base_checkpoint_folder(name: str, revision: str | None = None, subfolder: st
     folder = Path(name).expanduser()
     if not folder.is_dir():
         from huggingface_hub import snapshot_download
-
-        from hf_tune.network import hub_is_reachable
 
         prefix = f"{subfolder.strip('/')}/" if subfolder else ""
         try:

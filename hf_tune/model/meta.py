@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from hf_tune.errors import RecipeError
+from hf_tune.model.loading import model_config
 from hf_tune.recipe.schema import Recipe
 from hf_tune.tasks import task_of
 
@@ -32,8 +33,6 @@ def load_model_config(recipe: Recipe):
     """The model's config from where ``from_pretrained`` finds it (local folder, Hub cache, the Hub), else, for a Hub
     id whose config ships with hf_tune, from that file: the one file a plan needs, which the weights never are."""
     from transformers import AutoConfig
-
-    from hf_tune.model.loading import model_config
 
     m = recipe.model
     try:

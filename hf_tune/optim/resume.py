@@ -14,6 +14,8 @@ import weakref
 
 from transformers import TrainerCallback
 
+from hf_tune.optim import layerwise_param_groups, recipe_param_infos
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,8 +30,6 @@ class RecipeHyperparameters(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if state.global_step == 0 or optimizer is None:  # nothing was loaded
             return
-        from hf_tune.optim import layerwise_param_groups, recipe_param_infos
-
         fresh = layerwise_param_groups(model, recipe_param_infos(model, self.trainer().optim, args.learning_rate,
                                                                  args.weight_decay))
         groups = optimizer.param_groups

@@ -25,13 +25,13 @@ def search(recipe: Recipe) -> dict:
     """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. The
     backend is ``search.backend`` (``hf_tune.search.backend.BACKENDS``): Optuna by default (with ``search.cv: k``
     each trial is the mean over k folds), or Ray Tune (ASHA, PBT)."""
-    from hf_tune.search.backend import run_search
+    from hf_tune.search.backend import run_search  # here: this package stays light (Optuna loads with a search)
 
     return run_search(recipe)
 
 
 def format_summary(result: dict) -> str:
     """The study's trials and best trial, as printed by ``hf-tune search``."""
-    from hf_tune.search.summary import format_summary as summary_text
+    from hf_tune.search.summary import format_summary as summary_text  # here: this package stays light
 
     return summary_text(result)

@@ -18,12 +18,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hf_tune.build import build_data
 from hf_tune.errors import HfTuneError
+from hf_tune.model import build_tokenizer
 from hf_tune.recipe.schema import Distribution, Recipe, SearchSection
 from hf_tune.search.backend import StudyPaths, base_recipe, study_paths
 from hf_tune.search.ray_summary import summarize_ray
 from hf_tune.search.ray_trial import run_trial
 from hf_tune.search.sampling import directions_for, typed
+from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +79,6 @@ def search_with_ray(recipe: Recipe) -> dict:
     here); write trials.csv, plots and best_recipe.yaml into the study folder."""
     ray, tune = import_ray()
     from ray.tune.search.basic_variant import BasicVariantGenerator
-
-    from hf_tune.build import build_data
-    from hf_tune.model import build_tokenizer
-    from hf_tune.training_args import build_training_arguments
 
     spec, found = recipe.search, study_paths(recipe)
     paths = StudyPaths(found.folder.resolve(), found.name)  # Ray's workers run in other folders
