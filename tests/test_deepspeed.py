@@ -58,24 +58,54 @@ def test_a_contradicting_value_names_both_keys(tmp_path, tiny_llama_dir):
         load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed=str(path)))
 
 
+def zero_llrd_recipe(model_dir: str, folder: Path, stage: str) -> Path:
+    """A 16-step full fine-tune under ZeRO ``stage`` with layer-wise LR decay, a checkpoint every 4 steps."""
+    raw = chat_recipe(model_dir, folder, max_steps=16, deepspeed=stage, save_strategy="steps", save_steps=4,
+                      learning_rate=3e-3, seed=5)
+    raw["optim"] = {"layerwise_lr_decay": 0.7}
+    path = folder.parent / f"{folder.name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def deepspeed_command(recipe: Path, port: int) -> list[str]:
+    return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), "--module",
+            "hf_tune.run", str(recipe)]
+
+
+DEEPSPEED_ENV = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_zero_run(tmp_path_factory, tiny_llama_dir):
+    """stage -> (run folder, port, finished launch) of one uninterrupted 2-process run of ``zero_llrd_recipe``, launched
+    once per module: the reference of the kill-and-resume test and the full fine-tune that the ZeRO-3 save test loads."""
+    runs = {}
+
+    def run(stage: str):
+        if stage not in runs:
+            folder = tmp_path_factory.mktemp(f"uninterrupted-{stage}") / "run"
+            port = free_port()
+            result = subprocess.run(deepspeed_command(zero_llrd_recipe(tiny_llama_dir, folder, stage), port), cwd=REPO,
+                                    env=DEEPSPEED_ENV, capture_output=True, text=True, timeout=900)
+            assert result.returncode == 0, result.stderr[-3000:]
+            runs[stage] = folder, port, result
+        return runs[stage]
+
+    return run
+
+
 @pytest.mark.slow
-def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tmp_path, tiny_llama_dir):
+def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tiny_llama_dir, uninterrupted_zero_run):
     from transformers import AutoModelForCausalLM
 
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, deepspeed="zero3")))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    port = free_port()
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(port), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir, port, result = uninterrupted_zero_run("zero3")
     # DeepSpeed's CPU all-reduce segments (64 MB of RAM per rank) are gone with the run, not left in /dev/shm
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     output = result.stdout + result.stderr
     assert "rank 0 of 2" in output and "rank 1 of 2" in output
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["world_size"] == 2
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run")  # consolidated from the ZeRO-3 shards
+    assert json.loads((run_dir / "run.json").read_text())["world_size"] == 2
+    saved = AutoModelForCausalLM.from_pretrained(run_dir)  # consolidated from the ZeRO-3 shards
     base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     for (name, p), (_, q) in zip(saved.named_parameters(), base.named_parameters()):
         assert p.shape == q.shape and p.numel() > 0, name
@@ -106,7 +136,8 @@ def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llam
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir, stage):
+def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir, stage,
+                                                                                     uninterrupted_zero_run):
     import signal
     import time
 
@@ -115,44 +146,27 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
 
     from hf_tune.checkpoints import is_complete
 
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    deepspeed = str(Path(sys.executable).parent / "deepspeed")
-
-    def recipe(name: str) -> Path:
-        raw = chat_recipe(tiny_llama_dir, tmp_path / name, max_steps=16, deepspeed=stage, save_strategy="steps",
-                          save_steps=4, learning_rate=3e-3, seed=5)
-        raw["optim"] = {"layerwise_lr_decay": 0.7}
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(raw))
-        return path
-
-    def command(path: Path, port: int) -> list[str]:
-        return [deepspeed, "--num_gpus", "2", "--master_port", str(port), "--module", "hf_tune.run", str(path)]
-
-    port = free_port()
-    reference = subprocess.run(command(recipe("reference"), port), cwd=REPO, env=env, capture_output=True, text=True,
-                               timeout=900)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-
-    killed = recipe("killed")
-    proc = subprocess.Popen(command(killed, free_port()), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    reference_dir, _, _ = uninterrupted_zero_run(stage)
+    killed = zero_llrd_recipe(tiny_llama_dir, tmp_path / "killed", stage)
+    proc = subprocess.Popen(deepspeed_command(killed, free_port()), cwd=REPO, env=DEEPSPEED_ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while not is_complete(tmp_path / "killed" / "checkpoint-8"):
         assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
     proc.wait()
-    resumed = subprocess.run(command(killed, free_port()), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(deepspeed_command(killed, free_port()), cwd=REPO, env=DEEPSPEED_ENV, capture_output=True,
+                             text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout + resumed.stderr
 
-    def losses(name):
-        history = json.loads((tmp_path / name / "trainer_state.json").read_text())["log_history"]
+    def losses(folder):
+        history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
         return [(e["step"], e["loss"]) for e in history if "loss" in e]
 
-    assert len(losses("killed")) == 16 and losses("killed") == losses("reference")
-    mine, theirs = load_file(tmp_path / "killed" / "model.safetensors"), load_file(tmp_path / "reference" / "model.safetensors")
+    assert len(losses(tmp_path / "killed")) == 16 and losses(tmp_path / "killed") == losses(reference_dir)
+    mine, theirs = load_file(tmp_path / "killed" / "model.safetensors"), load_file(reference_dir / "model.safetensors")
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
