@@ -54,6 +54,9 @@ def hub_repo_problem(repo_id: str, repo_type: str, revision: str | None = None) 
                            f"local paths start with ./ or /); for a private repo, {LOGIN} with a token that can read it")
     except HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else "no status"
+        if status == 401:  # not a repo's answer (that is RepoNotFound): the token itself is refused
+            return RepoProblem(f"the Hub refused this machine's Hub token (HTTP 401: invalid or expired) when asked "
+                               f"about {page}", fix=f"{LOGIN} with a valid token, or unset HF_TOKEN for a public repo")
         logger.warning("The Hub answered HTTP %s about %s; the %s is not checked before loading", status, page,
                        repo_type)
     return None

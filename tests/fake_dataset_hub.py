@@ -1,7 +1,8 @@
 """A local stand-in for the Hub's dataset endpoints (the network boundary): what ``datasets.load_dataset`` asks for
 a Hub id at a revision (repo info, tree listing, paths-info, file downloads), and what preflight asks of model and
 dataset repos (repo info, auth-check). ``repos``: dataset repo id -> {revision name -> (commit sha, {path: bytes})};
-``models``: the same for model repos; ``gated``: repo id -> the tokens granted access to it. Every request is
+``models``: the same for model repos; ``gated``: repo id -> the tokens granted access to it; ``invalid_tokens``: refused
+with 401 on every request. Every request is
 recorded in ``requests``, with its Authorization header in ``authorizations``.
 
 Errors are answered as the Hub does: an unknown repo (or one this token cannot see) 401 with ``X-Error-Code:
@@ -17,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse, unquote
 
 class DatasetHub:
-    def __init__(self, repos, models=None, gated=None):
-        self.repos, self.models, self.gated = repos, models or {}, gated or {}
+    def __init__(self, repos, models=None, gated=None, invalid_tokens=()):
+        self.repos, self.models, self.gated, self.invalid_tokens = repos, models or {}, gated or {}, set(invalid_tokens)
         self.requests, self.authorizations = [], []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.hub = self
@@ -51,6 +52,9 @@ class Handler(BaseHTTPRequestHandler):
         path = unquote(urlparse(self.path).path)
         hub.requests.append((self.command, self.path))
         hub.authorizations.append(self.headers.get("Authorization"))
+        if (self.headers.get("Authorization") or "").removeprefix("Bearer ") in hub.invalid_tokens:
+            return self._json(401, {"error": "Invalid credentials in Authorization header"}, head,
+                              {"X-Error-Message": "Invalid credentials in Authorization header"})
         if m := re.fullmatch(r"/api/(models|datasets)/([^/]+(?:/[^/]+)?)/auth-check", path):
             if not hub.known(m.group(2), m.group(1)): return self._not_found(head)
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")

@@ -32,7 +32,8 @@ def hub(monkeypatch, tmp_path):
     """The stand-in Hub, a token of this machine granted nothing gated but 'someorg/gated-model', fresh caches."""
     import datasets
 
-    with DatasetHub(DATASETS, models=MODELS, gated={"someorg/gated-model": {TOKEN}, "someorg/gated-chats": set()}) as fake:
+    gated = {"someorg/gated-model": {TOKEN}, "someorg/gated-chats": set()}
+    with DatasetHub(DATASETS, models=MODELS, gated=gated, invalid_tokens={"hf_expired_token"}) as fake:
         monkeypatch.setattr(constants, "ENDPOINT", fake.url)
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                             fake.url + "/{repo_id}/resolve/{revision}/{filename}")
@@ -84,6 +85,13 @@ def test_a_gated_model_this_token_was_granted_passes(hub, tmp_path):
     loaded = load_recipe(recipe("someorg/gated-model", tmp_path))
     assert loaded.model.pretrained_model_name_or_path == "someorg/gated-model"
     assert ("GET", "/api/models/someorg/gated-model/auth-check") in hub.requests
+
+
+def test_an_expired_token_is_named_as_the_problem_without_being_shown(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_expired_token")
+    error = refusal(recipe("someorg/open-model", tmp_path))
+    assert error.key == "model.pretrained_model_name_or_path" and "refused this machine's Hub token" in error.problem
+    assert "hf_expired_token" not in str(error)
 
 
 def test_a_model_revision_the_repo_lacks_is_blamed_on_model_revision(hub, tmp_path):
