@@ -284,7 +284,7 @@ def test_dpo_killed_between_checkpoints_resumes_to_the_same_adapter_and_losses(t
     data = conversational_pairs(tmp_path / "p.jsonl")
 
     def recipe_file(name: str) -> Path:
-        raw = method_recipe("dpo", tiny_llama_dir, data, tmp_path / name, max_steps=12, save_strategy="steps",
+        raw = method_recipe("dpo", tiny_llama_dir, data, tmp_path / name, max_steps=8, save_strategy="steps",
                             save_steps=4, learning_rate=5e-3, seed=3)
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw))
