@@ -16,7 +16,7 @@ standard-library docstrings), each in its own process, one after the other:
 - trl_liger: the same with use_liger_kernel (Liger's fused linear cross-entropy, RMSNorm, RoPE, SwiGLU).
 
 Reported: real tokens per second over the epoch (counted by hf_tune's tokenization of the same chats, so every setup
-divides the same number) and its ratio to hf_tune, peak GPU memory, mean training loss, MFU (hf_tune.throughput's
+divides the same number) and its ratio to hf_tune, peak GPU memory, mean training loss, MFU (hf_tune.trainer.throughput's
 FLOP count over the card's data-sheet bf16 peak) and the attention each setup ran. The table goes to stdout and to
 --out; copy it into benchmarks/RESULTS.md with the card's name.
 """
@@ -141,7 +141,7 @@ def run_in_subprocess(setup: str, ns) -> dict:
 
 
 def render(results: list[dict], ns) -> str:
-    from hf_tune.peak_flops import gpu_peak_flops
+    from hf_tune.trainer.peak_flops import gpu_peak_flops
 
     import torch
 

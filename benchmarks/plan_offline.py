@@ -26,7 +26,7 @@ def timed_plan() -> tuple[float, float]:
     """Seconds and peak RSS (GB) of ``hf-tune plan`` in a fresh process, the Hub off."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "hf_tune.cli", "plan", str(RECIPE), "--world-size", str(WORLD),
+    child = subprocess.Popen([sys.executable, "-m", "hf_tune.commands.cli", "plan", str(RECIPE), "--world-size", str(WORLD),
                               "--out", "/tmp/hf_tune_plan_bench"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)
@@ -42,7 +42,7 @@ def full_fine_tune_comparison() -> list[tuple[str, float, float]]:
     from accelerate.utils import calculate_maximum_sizes
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-    from hf_tune.memory import model_state_memory, model_state_sizes
+    from hf_tune.model.memory import model_state_memory, model_state_sizes
     from hf_tune.model.meta import build_meta_model
     from hf_tune.recipe import validate_recipe
 

@@ -8,7 +8,7 @@ Every setup trains the embedded SmolLM2-135M-Instruct with the same LoRA (r=16, 
 seed and about 1,000 tokens per step for one epoch over the same chats, each in its own process (one at a time: run
 it on an idle machine). The chats are built offline from the docstrings of Python's standard library (20 to 1,024
 tokens, mean about 120). Reported: real (non-pad) tokens per second over the epoch, its ratio to hf_tune, peak RSS,
-the mean training loss, the loss on 32 held-out chats, and MFU: the FLOPs the training needs (hf_tune.throughput's
+the mean training loss, the loss on 32 held-out chats, and MFU: the FLOPs the training needs (hf_tune.trainer.throughput's
 count, identical for every setup) over the measured matmul peak. On a 2-core CPU the default run takes about 45
 minutes (TRL's defaults 16, the padded batch-8 run 8 before the OOM killer stops it); `--setups` picks fewer.
 """
@@ -199,8 +199,8 @@ def held_out_loss(model, tokenizer, eval_set) -> float:
 
 
 def needed_flops(model, trained_set) -> float:
-    """FLOPs that one epoch of training needs: the LM head on trained positions only (hf_tune.throughput's count)."""
-    from hf_tune.throughput import model_flops
+    """FLOPs that one epoch of training needs: the LM head on trained positions only (hf_tune.trainer.throughput's count)."""
+    from hf_tune.trainer.throughput import model_flops
 
     flops = model_flops(model, causal=True)
     trained = sum(sum(1 for a in labels[1:] if a != -100) for labels in trained_set["labels"])
@@ -233,7 +233,7 @@ def main() -> None:
         (ns.work / f"{ns.run}.last.json").write_text(json.dumps(result))
         return
     write_data(ns.work / "data", ns.examples)
-    from hf_tune.peak_flops import measured_peak_flops
+    from hf_tune.trainer.peak_flops import measured_peak_flops
     import torch
 
     peak = measured_peak_flops(torch.device("cpu"), torch.float32)

@@ -21,15 +21,15 @@ _EXPORTS = {
     "HfTuneError": "hf_tune.errors",
     "RecipeError": "hf_tune.errors",
     "Recipe": "hf_tune.recipe.schema",
-    "load_recipe": "hf_tune.recipe_loading",
-    "build_run": "hf_tune.build",
-    "Run": "hf_tune.build",
-    "build_training_arguments": "hf_tune.training_args",
-    "build_model_and_tokenizer": "hf_tune.build",
+    "load_recipe": "hf_tune.build.loading",
+    "build_run": "hf_tune.build.run_build",
+    "Run": "hf_tune.build.run_build",
+    "build_training_arguments": "hf_tune.build.training_args",
+    "build_model_and_tokenizer": "hf_tune.build.run_build",
     "build_datasets": "hf_tune.data",
-    "build_trainer": "hf_tune.build",
-    "HfTuneTrainer": "hf_tune.trainer",
-    "train": "hf_tune.training",
+    "build_trainer": "hf_tune.build.run_build",
+    "HfTuneTrainer": "hf_tune.trainer.hooks",
+    "train": "hf_tune.commands.train",
 }
 __all__ = sorted([*_EXPORTS, "search"])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
-from hf_tune.distributed import check_distributed
+from hf_tune.runtime.distributed import check_distributed
 from hf_tune.errors import HfTuneError
 
 recipe = load_recipe(sys.argv[1])

@@ -9,15 +9,15 @@ import logging
 import os
 import sys
 
-import hf_tune.reference
+import hf_tune.trainer.reference
 from hf_tune import load_recipe
-from hf_tune.build import build_run
+from hf_tune.build.run_build import build_run
 
 logging.basicConfig(level=logging.INFO)
 
 
 class Messages(logging.Handler):
-    """The messages hf_tune.reference logs on this rank."""
+    """The messages hf_tune.trainer.reference logs on this rank."""
 
     def __init__(self):
         super().__init__()
@@ -28,14 +28,14 @@ class Messages(logging.Handler):
 
 
 report_path, *phases = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
-with_files = hf_tune.reference.files_identity
+with_files = hf_tune.trainer.reference.files_identity
 report, rank = [], 0
 for phase in phases:
     identity, cache, *recipe_paths = phase.split(",")
     os.environ["HF_TUNE_CACHE"] = cache
-    hf_tune.reference.files_identity = with_files if identity == "files" else (lambda model: None)
+    hf_tune.trainer.reference.files_identity = with_files if identity == "files" else (lambda model: None)
     messages = Messages()
-    logging.getLogger("hf_tune.reference").addHandler(messages)
+    logging.getLogger("hf_tune.trainer.reference").addHandler(messages)
     trainers = []
     for path in recipe_paths:
         trainer = build_run(load_recipe(path)).trainer
@@ -45,7 +45,7 @@ for phase in phases:
                                   for i in range(len(data))]})
         rank = trainer.args.process_index
         del trainer
-    logging.getLogger("hf_tune.reference").removeHandler(messages)
+    logging.getLogger("hf_tune.trainer.reference").removeHandler(messages)
     report.append({"identity": identity, "trainers": trainers, "messages": messages.messages})
 with open(f"{report_path}.rank{rank}", "w") as f:
     json.dump(report, f)

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from hf_tune.errors import RecipeError
-from hf_tune.methods import METHODS
+from hf_tune.catalog.methods import METHODS
 from hf_tune.recipe.schema import SECTIONS
 from hf_tune.run import main
-from hf_tune.sources import LOCAL_DATA_SUFFIXES
+from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 
@@ -365,7 +365,7 @@ def test_a_diverged_run_exits_with_its_own_status(tiny_llama_dir, tmp_path, caps
 
 
 def test_a_bad_command_line_and_a_bad_recipe_exit_2(tmp_path):
-    from hf_tune.cli import main as cli_main
+    from hf_tune.commands.cli import main as cli_main
 
     with pytest.raises(SystemExit) as exited:
         cli_main(["validate"])  # no recipe: argparse's usage error
@@ -396,7 +396,7 @@ def test_an_explicit_wandb_online_that_cannot_log_stops_the_run_before_any_folde
 def test_an_unset_wandb_mode_still_falls_back_to_offline(tmp_path, monkeypatch):
     import os
 
-    from hf_tune.tracking import _choose_wandb_mode
+    from hf_tune.lifecycle.tracking import _choose_wandb_mode
 
     for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE"):
         monkeypatch.setenv(name, "")  # recorded, so the WANDB_MODE the code sets is undone after the test

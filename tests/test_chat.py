@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_tune import cli
-from hf_tune.chat import default_device, default_dtype, load_trained, reply
+from hf_tune.commands import cli
+from hf_tune.commands.chat import default_device, default_dtype, load_trained, reply
 from hf_tune.errors import HfTuneError
 
 QUESTION = [{"role": "user", "content": "Name a planet."}]

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO, chat_recipe, free_port, nan_model
 from hf_tune import load_recipe, train
-from hf_tune.checkpoints import MARKER, is_complete
+from hf_tune.trainer.checkpoints import MARKER, is_complete
 from hf_tune.errors import HfTuneError, RecipeError
 
 SECRET = "hf_SECRETtoken1234567890abcdefghijklmnop"  # the shape of a real token: hf_ and 34 characters
@@ -211,7 +211,7 @@ def test_training_report_plots(tmp_path, tiny_llama_dir):
 
 
 def test_report_of_a_run_in_progress_draws_from_its_newest_complete_checkpoint(tmp_path, tiny_llama_dir):
-    from hf_tune.report import write_report
+    from hf_tune.lifecycle.report import write_report
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
     train(load_recipe(raw))
@@ -250,7 +250,7 @@ def test_wandb_offline_without_key_keeps_one_run_id_across_resume_and_tensorboar
 def _resume_on_rank(rank: int, port: int, output_dirs: list[str], results) -> None:
     import torch.distributed as dist
 
-    from hf_tune.checkpoints import resume_checkpoint
+    from hf_tune.trainer.checkpoints import resume_checkpoint
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -280,7 +280,7 @@ def resume_on_two_ranks(output_dirs: list[Path], port: int) -> dict:
 def fake_checkpoint(run_dir: Path, step: int) -> None:
     (run_dir / f"checkpoint-{step}").mkdir(parents=True)
     (run_dir / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
-    from hf_tune.checkpoints import mark_complete
+    from hf_tune.trainer.checkpoints import mark_complete
 
     mark_complete(run_dir / f"checkpoint-{step}")
 

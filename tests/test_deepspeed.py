@@ -144,7 +144,7 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
     import torch
     from safetensors.torch import load_file
 
-    from hf_tune.checkpoints import is_complete
+    from hf_tune.trainer.checkpoints import is_complete
 
     reference_dir, _, _ = uninterrupted_zero_run(stage)
     killed = zero_llrd_recipe(tiny_llama_dir, tmp_path / "killed", stage)
@@ -175,7 +175,7 @@ def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_t
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    from hf_tune.plan import model_state_memory
+    from hf_tune.commands.plan import model_state_memory
 
     total, largest = 134_515_008, 28_311_552  # SmolLM2-135M: all parameters; its embedding, the largest module
     ours = model_state_memory(total, total, largest, world, mixed_precision=True, param_bytes=4)
@@ -190,7 +190,7 @@ def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_t
 
 def test_plan_prints_model_state_memory_per_rank_for_lora_and_full(tmp_path, tiny_llama_dir):
     """Counts from the tiny Llama's config by hand: fp32, world size 4, AdamW."""
-    from hf_tune.plan import format_plan, plan
+    from hf_tune.commands.plan import format_plan, plan
 
     config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
     d, f, L, V = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]

@@ -22,8 +22,8 @@ from fake_hub import FakeHub
 from hf_tune import load_recipe, train
 from hf_tune.model.embedded import EMBEDDED_MODELS, locate_embedded
 from hf_tune.errors import HfTuneError
-from hf_tune.hub import push
-from hf_tune.model_card import base_model_id
+from hf_tune.lifecycle.hub import push
+from hf_tune.lifecycle.model_card import base_model_id
 
 TOKEN = "hf_testTOKENabcdef123"
 HOST = "hf-tune-test-host-5e1f09"  # the host name the module's run records: distinctive, so a search for it is fair

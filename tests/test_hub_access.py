@@ -14,7 +14,7 @@ from conftest import DATA, chat_recipe
 from fake_dataset_hub import DatasetHub
 from hf_tune import load_recipe
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.network import hub_is_reachable
+from hf_tune.runtime.network import hub_is_reachable
 
 TOKEN = "hf_granted0123456789secret"
 CONFIG = json.dumps({"model_type": "llama", "hidden_size": 32}).encode()

@@ -1,4 +1,4 @@
-"""The NaN guard (hf_tune/loss_guard.py): a non-finite loss is kept on the device and stops the run at the next log
+"""The NaN guard (hf_tune/trainer/loss_guard.py): a non-finite loss is kept on the device and stops the run at the next log
 or save, naming its step, and no checkpoint holds it."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_a_nan_in_the_last_steps_is_found_before_the_final_model_is_saved(tmp_pa
 
 
 def test_the_guard_keeps_the_first_bad_step_and_its_loss():
-    from hf_tune.loss_guard import NonFiniteLossGuard
+    from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 
     guard = NonFiniteLossGuard()
     for step, loss in enumerate([1.5, 2.0, float("inf"), float("nan"), 0.5], start=1):

@@ -19,8 +19,8 @@ SCALE = sorted((REPO / "recipes" / "scale").glob("*.yaml"))
 def offline(monkeypatch):
     """No Hub: the shipped config.json is the only source of a big model's shapes."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("hf_tune.network.hub_is_reachable", lambda *a, **k: False)
-    for module in ("hf_tune.preflight", "hf_tune.model.loading"):
+    monkeypatch.setattr("hf_tune.runtime.network.hub_is_reachable", lambda *a, **k: False)
+    for module in ("hf_tune.build.preflight", "hf_tune.model.loading"):
         monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
 
 
@@ -62,7 +62,7 @@ def test_a_shipped_config_builds_the_published_model_on_the_meta_device(name, of
 @pytest.mark.parametrize("path", SCALE, ids=[p.stem for p in SCALE])
 def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, offline, tmp_path):
     from hf_tune import load_recipe
-    from hf_tune.plan import format_plan, plan
+    from hf_tune.commands.plan import format_plan, plan
 
     gpus, gpu_gb = map(int, re.search(r"(\d+)x(\d+)gb", path.stem).groups())
     result = plan(load_recipe(path), world_size=gpus, out_dir=tmp_path)
@@ -78,7 +78,7 @@ def test_the_70b_qlora_plan_counts_4_bit_weights_partitioned_over_eight_ranks(of
     import json
 
     from hf_tune import load_recipe
-    from hf_tune.plan import plan
+    from hf_tune.commands.plan import plan
 
     c = json.loads((REPO / "hf_tune/model/configs/meta-llama--Llama-3.1-70B-Instruct.json").read_text())
     h, f, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
@@ -105,7 +105,7 @@ def test_the_activation_estimate_covers_what_autograd_keeps(checkpointing):
     checkpointing (the estimate adds the float32 softmax and gradient of the logits, made during backward)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_tune.memory import activation_memory
+    from hf_tune.model.memory import activation_memory
 
     config = LlamaConfig(vocab_size=2000, hidden_size=128, intermediate_size=352, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
@@ -135,7 +135,7 @@ def test_under_liger_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa:
     """Liger's fused linear cross-entropy never holds the logits: 12 bytes (float32 logits, softmax, gradient) per
     token and vocabulary entry less, and nothing else changes."""
     from hf_tune import load_recipe
-    from hf_tune.plan import plan
+    from hf_tune.commands.plan import plan
 
     path = REPO / "recipes/scale/gemma-3-1b-1x24gb.yaml"
     plain = plan(load_recipe(path), out_dir=tmp_path)
@@ -147,7 +147,7 @@ def test_under_liger_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa:
 def test_a_plan_writes_only_into_its_out_folder(offline, tmp_path, monkeypatch):  # noqa: F811
     """``hf-tune plan --out DIR`` leaves no empty run folder behind (``training.output_dir`` is relative here)."""
     from hf_tune import load_recipe
-    from hf_tune.plan import plan
+    from hf_tune.commands.plan import plan
 
     recipe = load_recipe(REPO / "recipes/scale/llama-3.1-8b-1x24gb.yaml",
                          [f"data.train.path={REPO / 'examples/data/chat_demo.jsonl'}"])

@@ -15,7 +15,7 @@ import yaml
 
 from conftest import DATA, REPO, nan_model
 from hf_tune import load_recipe, train
-from hf_tune.build import build_run
+from hf_tune.build.run_build import build_run
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe import read_recipe
 
@@ -358,7 +358,7 @@ def test_grpo_scores_its_sampled_completions_with_the_recipes_reward_functions(t
 
 
 def test_shipped_rewards_read_answers_like_a_person_would():
-    from hf_tune.rewards import exact_answer, format_regex
+    from hf_tune.catalog.rewards import exact_answer, format_regex
 
     completions = ["The answer is 12.", [{"role": "assistant", "content": "1,200"}], "12.50", "no idea"]
     assert exact_answer(None, completions, answer=["12", "1200", "12.5", "3"]) == [1.0, 1.0, 1.0, 0.0]
@@ -375,7 +375,7 @@ def test_every_shipped_method_recipe_validates(monkeypatch):
 
 
 def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
-    from hf_tune.plan import format_plan, plan
+    from hf_tune.commands.plan import format_plan, plan
 
     dpo = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "dpo")
     result = plan(load_recipe(dpo))
@@ -396,9 +396,9 @@ def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
 
 
 def test_a_dpo_run_folder_chats_merges_and_its_card_names_the_method(tmp_path, tiny_llama_dir, monkeypatch):
-    from hf_tune.chat import load_trained, reply
-    from hf_tune.hub import merge
-    from hf_tune.model_card import render_model_card
+    from hf_tune.commands.chat import load_trained, reply
+    from hf_tune.lifecycle.hub import merge
+    from hf_tune.lifecycle.model_card import render_model_card
 
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
     raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
@@ -416,7 +416,7 @@ def test_a_dpo_run_folder_chats_merges_and_its_card_names_the_method(tmp_path, t
 def test_a_reward_model_run_merges_to_a_one_score_classifier(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForSequenceClassification
 
-    from hf_tune.hub import merge
+    from hf_tune.lifecycle.hub import merge
 
     raw = method_recipe("reward", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
     train(load_recipe(raw))

@@ -14,8 +14,8 @@ from huggingface_hub import constants
 
 from conftest import free_port
 from fake_hub import FakeHub
-from hf_tune import hub, tracking
-from hf_tune.tracking import wandb_base_url, wandb_can_sync
+from hf_tune.lifecycle import hub, tracking
+from hf_tune.lifecycle.tracking import wandb_base_url, wandb_can_sync
 
 
 class LocalServer:

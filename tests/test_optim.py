@@ -19,7 +19,7 @@ from conftest import DATA, chat_recipe, free_port
 from hf_tune.errors import HfTuneError
 from hf_tune import load_recipe
 from hf_tune.recipe.schema import OptimSection
-from hf_tune.trainer import HfTuneTrainer
+from hf_tune.trainer.hooks import HfTuneTrainer
 
 BASE_LR, WD = 1e-3, 0.05
 
@@ -135,9 +135,9 @@ class RecordLr(TrainerCallback):
 
 def run_tiny_llrd(tiny_llama_dir, out, recorder, max_steps, accumulation=1, resume=None, save_steps=None):
     from hf_tune.data import build_datasets
-    from hf_tune.build import build_model_and_tokenizer
-    from hf_tune.build import build_trainer
-    from hf_tune.training_args import build_training_arguments
+    from hf_tune.build.run_build import build_model_and_tokenizer
+    from hf_tune.build.run_build import build_trainer
+    from hf_tune.build.training_args import build_training_arguments
 
     raw = chat_recipe(tiny_llama_dir, out, max_steps=max_steps, learning_rate=BASE_LR, warmup_steps=4,
                       gradient_accumulation_steps=accumulation, weight_decay=WD, seed=0,
@@ -220,7 +220,7 @@ def test_min_lr_ratio_needs_a_cosine_schedule(tmp_path, tiny_llama_dir):
 
 def test_plan_counts_the_steps_the_run_takes_and_writes_the_schedule_plot(tmp_path, tiny_llama_dir):
     from hf_tune import train
-    from hf_tune.plan import plan
+    from hf_tune.commands.plan import plan
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=-1, num_train_epochs=2,
                       per_device_train_batch_size=8, gradient_accumulation_steps=3, warmup_steps=0.25)

@@ -224,7 +224,7 @@ def test_merge_dequantizes_the_base_and_adds_the_adapter(qlora_run, tmp_path):
     import bitsandbytes as bnb
     from safetensors.torch import load_file
 
-    from hf_tune.hub import MERGE_CHECK_TOLERANCE, merge
+    from hf_tune.lifecycle.hub import MERGE_CHECK_TOLERANCE, merge
 
     out, trainer, _ = qlora_run
     result = merge(out, tmp_path / "merged", dtype="float32", check=True)
@@ -247,7 +247,7 @@ def test_merge_dequantizes_the_base_and_adds_the_adapter(qlora_run, tmp_path):
 def test_merge_into_quantized_weights_is_refused_naming_both(qlora_run, tmp_path):
     out, _, _ = qlora_run
     with pytest.raises(HfTuneError, match=r"--dtype nf4 with the run's model.quantization_config"):
-        from hf_tune.hub import merge
+        from hf_tune.lifecycle.hub import merge
 
         merge(out, tmp_path / "merged", dtype="nf4")
 
@@ -255,7 +255,7 @@ def test_merge_into_quantized_weights_is_refused_naming_both(qlora_run, tmp_path
 def test_an_8bit_qlora_run_trains_and_merges(tmp_path, tiny_llama_dir):
     import bitsandbytes as bnb
 
-    from hf_tune.hub import MERGE_CHECK_TOLERANCE, merge
+    from hf_tune.lifecycle.hub import MERGE_CHECK_TOLERANCE, merge
 
     trainer = train(load_recipe(qlora_recipe(tiny_llama_dir, tmp_path / "run", {"load_in_8bit": True},
                                              learning_rate=5e-3)))
@@ -271,7 +271,7 @@ def test_plan_shows_the_quantized_weight_memory(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
     from hf_tune.model.quantization import bitsandbytes_config
-    from hf_tune.plan import format_plan, plan
+    from hf_tune.commands.plan import format_plan, plan
 
     raw = qlora_recipe(tiny_llama_dir, tmp_path / "run", FP4)
     result = plan(load_recipe(raw), out_dir=tmp_path / "plan")
@@ -302,7 +302,7 @@ def test_model_flops_of_a_4bit_base_count_the_unpacked_weights(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
     from hf_tune.model.quantization import bitsandbytes_config
-    from hf_tune.throughput import model_flops
+    from hf_tune.trainer.throughput import model_flops
 
     config = LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
     full = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), config)

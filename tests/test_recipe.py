@@ -150,7 +150,7 @@ def test_every_shipped_recipe_validates(path, monkeypatch):
 
 def test_cli_validate_prints_resolved_recipe_and_bad_recipe_exits_nonzero_without_traceback(tmp_path, capsys):
     """The two console entry points run as processes (exit status, stderr); the printing and --debug in-process."""
-    from hf_tune.cli import main
+    from hf_tune.commands.cli import main
 
     main(["validate", str(REPO / "recipes" / "llm_lora.yaml"), "training.max_steps=3"])
     resolved = yaml.safe_load(capsys.readouterr().out)
@@ -170,7 +170,7 @@ def test_cli_validate_prints_resolved_recipe_and_bad_recipe_exits_nonzero_withou
 
 
 def test_debug_after_the_verb_shows_the_traceback_too(tmp_path, capsys):
-    from hf_tune.cli import main
+    from hf_tune.commands.cli import main
     from hf_tune.errors import RecipeError
 
     bad = write_recipe(tmp_path / "bad.yaml", with_(["training.learnin_rate=1e-4"]))
@@ -182,7 +182,7 @@ def test_debug_after_the_verb_shows_the_traceback_too(tmp_path, capsys):
 
 
 def test_offline_hub_id_is_refused_at_load_with_how_to_use_a_local_copy(monkeypatch):
-    from hf_tune import hub
+    from hf_tune.lifecycle import hub
 
     monkeypatch.setattr(hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # the network boundary: nothing listens
     hub.hub_is_reachable.cache_clear()
@@ -234,7 +234,7 @@ def test_a_quantized_base_is_checkpointed_with_the_recipes_kwargs_by_either_name
     """transformers 5.24 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs): the QLoRA
     preparation honours the new names and still reads the old ones."""
     from conftest import chat_recipe
-    from hf_tune.build import build_model_and_tokenizer
+    from hf_tune.build.run_build import build_model_and_tokenizer
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **{name: True, f"{name}_kwargs": {"use_reentrant": True}})
     raw["model"]["quantization_config"] = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
@@ -251,7 +251,7 @@ def test_validate_shows_the_values_hf_tune_decides_marked_as_its_defaults(tiny_l
     import torch
 
     from conftest import chat_recipe
-    from hf_tune.cli import main as cli_main
+    from hf_tune.commands.cli import main as cli_main
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", learning_rate=2e-4)
     del raw["training"]["per_device_train_batch_size"]

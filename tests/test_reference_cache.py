@@ -1,4 +1,4 @@
-"""The reference log-probability cache (hf_tune/reference.py): keyed on the base's identity, not its local tensors,
+"""The reference log-probability cache (hf_tune/trainer/reference.py): keyed on the base's identity, not its local tensors,
 so that under 2-process DeepSpeed ZeRO-3 on CPU two bases of one architecture never share an entry."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_equal_examples_have_one_digest_whatever_their_arrow_layout():
     the Arrow IPC bytes hashed before differed for them."""
     from datasets import Dataset, concatenate_datasets
 
-    from hf_tune.reference import examples_digest
+    from hf_tune.trainer.reference import examples_digest
 
     rows = [{"prompt_ids": [1, 2, 3], "chosen_ids": [4], "text": "a"}, {"prompt_ids": [5], "chosen_ids": [6, 7],
                                                                        "text": "b"}]
@@ -105,7 +105,7 @@ def test_equal_examples_have_one_digest_whatever_their_arrow_layout():
 def test_a_file_is_hashed_once_and_a_hub_blob_by_its_name(tmp_path, monkeypatch):
     import hashlib
 
-    from hf_tune.reference import file_sha256
+    from hf_tune.trainer.reference import file_sha256
 
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
     weights = tmp_path / "model.safetensors"
@@ -129,7 +129,7 @@ def test_the_base_identity_follows_its_files_not_its_folder(tmp_path, smol_token
 
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.reference import files_identity
+    from hf_tune.trainer.reference import files_identity
 
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
     folders = {seed: save_tiny_llama(tmp_path / f"seed{seed}", smol_tokenizer, seed) for seed in (1, 2)}
@@ -148,7 +148,7 @@ def test_a_hub_base_is_found_in_the_hub_cache_at_its_recorded_revision(tmp_path,
     """The loader records where the weights came from; a Hub id resolves to the cached snapshot of that revision,
     and its file is identified by the blob's name (its sha256), reading nothing."""
     from hf_tune import build_model_and_tokenizer, load_recipe
-    from hf_tune.reference import file_sha256, model_source, weight_files
+    from hf_tune.trainer.reference import file_sha256, model_source, weight_files
 
     repo = tmp_path / "hub" / "models--org--tiny"
     for commit, sha in (("a" * 40, "1" * 64), ("b" * 40, "2" * 64)):

@@ -503,7 +503,7 @@ def test_the_terminator_stops_a_stagnating_study_where_its_rule_says(tmp_path, t
 def test_dashboard_prints_a_command_that_serves_the_study(tmp_path, tiny_llama_dir, capsys):
     import urllib.request
 
-    from hf_tune.cli import main as cli_main
+    from hf_tune.commands.cli import main as cli_main
 
     space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
     raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1}, lora=None, max_steps=2,

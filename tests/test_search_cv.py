@@ -155,7 +155,7 @@ def test_wilcoxon_prunes_bad_learning_rates_after_a_few_folds(tmp_path, tiny_ber
 def test_every_trial_gets_the_same_seeded_stratified_folds(tiny_bert_dir, topics_80, tmp_path):
     from sklearn.model_selection import StratifiedKFold
 
-    from hf_tune.cv import kfold_splits
+    from hf_tune.commands.cv import kfold_splits
     from hf_tune.search.cross_validated import fold_order
 
     recipe = load_recipe(cv_recipe(tiny_bert_dir, topics_80, tmp_path, {
@@ -232,7 +232,7 @@ def test_a_killed_cross_validated_trial_keeps_its_folds_and_resumes_the_one_it_w
     import time
 
     from conftest import REPO
-    from hf_tune.checkpoints import is_complete
+    from hf_tune.trainer.checkpoints import is_complete
 
     def study_recipe(name: str) -> Path:
         raw = cv_recipe(tiny_bert_dir, topics_80, tmp_path / name, {
@@ -244,7 +244,7 @@ def test_a_killed_cross_validated_trial_keeps_its_folds_and_resumes_the_one_it_w
         return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}").trials[0]
 
     search(load_recipe(study_recipe("whole")))
-    command = [sys.executable, "-m", "hf_tune.cli", "search", str(study_recipe("killed"))]
+    command = [sys.executable, "-m", "hf_tune.commands.cli", "search", str(study_recipe("killed"))]
     folds = [tmp_path / "killed" / "trial-0" / f"fold-{k}" for k in range(3)]
 
     def finished(fold: Path) -> bool:

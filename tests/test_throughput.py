@@ -1,4 +1,4 @@
-"""Token counts and model FLOPs checked against counts made by hand; a run's throughput metrics (hf_tune/throughput.py)."""
+"""Token counts and model FLOPs checked against counts made by hand; a run's throughput metrics (hf_tune/trainer/throughput.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_packing import make_examples
 def test_token_counter_counts_real_tokens_when_pad_is_eos(smol_tokenizer):
     """The trap: pad = eos, so counting tokens != pad drops every end-of-turn token. Count from the mask instead."""
     from hf_tune.data.collator import CausalLMCollator
-    from hf_tune.throughput import count_batch
+    from hf_tune.trainer.throughput import count_batch
 
     eos = smol_tokenizer.eos_token_id
     assert smol_tokenizer.pad_token_id == eos
@@ -55,7 +55,7 @@ def hand_count(config, lengths: list[int], head_positions: int, lora_r: int | No
 def test_model_flops_equal_a_hand_count(tiny_llama_dir, lora_r):
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.throughput import model_flops
+    from hf_tune.trainer.throughput import model_flops
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     config = model.config
@@ -87,7 +87,7 @@ def test_a_run_reports_tokens_and_throughput_in_its_metrics(tmp_path, tiny_llama
     assert metrics["train_trained_tokens"] == trained
     assert metrics["train_tokens_per_second"] > 0 and 0 < metrics["train_mfu"] < 1
     # MFU against the theoretical peak, and against the measured matmul peak as a second figure: same FLOPs
-    from hf_tune.peak_flops import measured_peak_flops, theoretical_peak_flops
+    from hf_tune.trainer.peak_flops import measured_peak_flops, theoretical_peak_flops
 
     cpu = torch.device("cpu")
     ratio = measured_peak_flops(cpu, torch.float32) / theoretical_peak_flops(cpu, torch.float32)
@@ -113,7 +113,7 @@ def test_a_run_reports_tokens_and_throughput_in_its_metrics(tmp_path, tiny_llama
     ("AMD Instinct MI300X", torch.bfloat16, "highest", None),       # not in the table: no theoretical MFU
 ])
 def test_gpu_theoretical_peaks_are_the_data_sheet_dense_figures(name, dtype, precision, tflops):
-    from hf_tune.peak_flops import gpu_peak_flops
+    from hf_tune.trainer.peak_flops import gpu_peak_flops
 
     got = gpu_peak_flops(name, dtype, precision)
     assert got == (None if tflops is None else pytest.approx(tflops * 1e12))
@@ -132,7 +132,7 @@ def test_gpu_theoretical_peaks_are_the_data_sheet_dense_figures(name, dtype, pre
     ("fp asimd sve", "", None, torch.float32, None),                               # not x86: unknown
 ])
 def test_cpu_flops_per_cycle_follow_the_instruction_set(flags, vendor, family, dtype, per_cycle):
-    from hf_tune.peak_flops import cpu_flops_per_cycle
+    from hf_tune.trainer.peak_flops import cpu_flops_per_cycle
 
     assert cpu_flops_per_cycle(set(flags.split()), vendor, family, dtype) == per_cycle
 
@@ -144,7 +144,7 @@ def test_this_cpus_theoretical_peak_is_cores_times_clock_times_flops_per_cycle()
 
     import psutil
 
-    from hf_tune.peak_flops import cpu_flops_per_cycle, cpu_peak_flops
+    from hf_tune.trainer.peak_flops import cpu_flops_per_cycle, cpu_peak_flops
 
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     flags = set(re.search(r"^flags\s*:(.*)$", info, re.M).group(1).split()) if "flags" in info else set()
@@ -188,6 +188,6 @@ def test_this_cpus_theoretical_peak_is_cores_times_clock_times_flops_per_cycle()
     ("NVIDIA GB200", torch.bfloat16, "highest", 360000 / 72 / 2),   # NVL72: 360 PFLOPS sparse over 72 GPUs
 ])
 def test_gpu_peaks_of_current_cards_match_their_data_sheets(name, dtype, precision, tflops):
-    from hf_tune.peak_flops import gpu_peak_flops
+    from hf_tune.trainer.peak_flops import gpu_peak_flops
 
     assert gpu_peak_flops(name, dtype, precision) == pytest.approx(tflops * 1e12, rel=2e-3)

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import DATA, SMOLLM2, chat_recipe, run_cli, write_recipe
 from hf_tune import load_recipe, train
-from hf_tune.chat import load_trained, reply
+from hf_tune.commands.chat import load_trained, reply
 
 
 def logged_losses(trainer) -> list[float]:

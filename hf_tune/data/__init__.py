@@ -10,7 +10,7 @@ from transformers import DataCollatorWithPadding
 
 from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
 from hf_tune.model.loading import model_config
-from hf_tune.tasks import task_of
+from hf_tune.catalog.tasks import task_of
 from hf_tune.data.classification import label_names, tokenize_classification
 from hf_tune.data.formats import format_of
 from hf_tune.data.loading import load_raw_datasets, load_source

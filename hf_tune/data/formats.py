@@ -1,5 +1,5 @@
 """The data formats' code: their columns checked, bad rows reported, and the sft formats' normalisers. The table of
-formats (names, columns, help, which normaliser) is ``hf_tune.formats``, re-exported here; the TRL methods'
+formats (names, columns, help, which normaliser) is ``hf_tune.catalog.formats``, re-exported here; the TRL methods'
 normalisers are in ``hf_tune.data.preference``.
 
 An sft example becomes a conversation (a list of role/content messages, rendered by the chat template) or plain text
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from hf_tune.data.messages import chat_messages, normalize_message
 from hf_tune.errors import RecipeError
-from hf_tune.formats import DEFAULT_FORMAT, FORMATS, Column, Format, format_of
+from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS, Column, Format, format_of
 
 __all__ = ["DEFAULT_FORMAT", "FORMATS", "Column", "Conversation", "Format", "PlainText", "check_columns",
            "format_of", "row_refusal"]

@@ -21,7 +21,7 @@ from hf_tune.data.formats import check_columns, format_of, row_refusal
 from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
 from hf_tune.data.messages import SHAREGPT_ROLES
 from hf_tune.recipe.schema import DataSection, DatasetSource
-from hf_tune.rewards import check_reward_columns
+from hf_tune.catalog.rewards import check_reward_columns
 
 def load_method_data(data: DataSection, method: str, seed: int, rewards: list | None = None
                      ) -> tuple[Dataset, Dataset | None]:

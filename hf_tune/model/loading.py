@@ -15,12 +15,12 @@ from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_
 from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
                                       trainable_token_indices)
 from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
-from hf_tune.network import hub_is_reachable
+from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
-from hf_tune.sources import OFFLINE_MODEL_FIX
-from hf_tune.tasks import task_of
-from hf_tune.training_args import computes_in_half_precision
+from hf_tune.catalog.sources import OFFLINE_MODEL_FIX
+from hf_tune.catalog.tasks import task_of
+from hf_tune.build.training_args import computes_in_half_precision
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     with stage_errors(_blame_model_key(recipe), "building the model"):
         given = {k: v for k, v in kwargs.items() if v is not None}
         model = _from_pretrained(task.model_class, path, recipe, **given)
-        # where the weights came from: the reference cache keys on these files (hf_tune/reference.py)
+        # where the weights came from: the reference cache keys on these files (hf_tune/trainer/reference.py)
         model.hf_tune_source = {"name_or_path": path, **{k: v for k, v in _source_kwargs(m).items()
                                                          if k != "trust_remote_code"}}
         drop_gguf_quantizer(model)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hf_tune.network import hub_is_reachable
+from hf_tune.runtime.network import hub_is_reachable
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import torch
 from hf_tune.errors import RecipeError
 from hf_tune.model.loading import model_config
 from hf_tune.recipe.schema import Recipe
-from hf_tune.tasks import task_of
+from hf_tune.catalog.tasks import task_of
 
 logger = logging.getLogger(__name__)
 

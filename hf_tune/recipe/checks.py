@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 
-from hf_tune.ds_config import check_deepspeed_config
+from hf_tune.runtime.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
-from hf_tune.formats import format_names, format_of, formats_trained_by
+from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
 from hf_tune.recipe.data_checks import check_sources
-from hf_tune.methods import method_of
+from hf_tune.catalog.methods import method_of
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
 from hf_tune.recipe.schedule_checks import check_training_steps
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.search_space import check_search_settings
-from hf_tune.rewards import reward_spec
-from hf_tune.tasks import task_of
+from hf_tune.catalog.rewards import reward_spec
+from hf_tune.catalog.tasks import task_of
 
 
 def check_consistency(recipe: Recipe, optim_given: bool) -> None:

@@ -97,7 +97,7 @@ def _weight_sharding(recipe: Recipe) -> tuple[str, str] | None:
     """(key, what) when the recipe shards the weights over ranks: DeepSpeed ZeRO-3 or FSDP; else None."""
     deepspeed = recipe.training.get("deepspeed")
     if deepspeed:
-        from hf_tune.ds_config import load_deepspeed_config
+        from hf_tune.runtime.ds_config import load_deepspeed_config
 
         if (load_deepspeed_config(deepspeed).get("zero_optimization") or {}).get("stage") == 3:
             return "training.deepspeed", f"ZeRO-3 ({deepspeed!r})"

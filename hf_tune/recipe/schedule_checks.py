@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from hf_tune.errors import RecipeError
-from hf_tune.methods import method_of
+from hf_tune.catalog.methods import method_of
 from hf_tune.recipe.schema import Recipe
 
 

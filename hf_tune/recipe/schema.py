@@ -1,9 +1,9 @@
 """The schema of a recipe: our own sections as pydantic models, upstream sections checked against upstream types.
 
-Two top-level keys besides the sections: ``method`` (sft | dpo | kto | reward | grpo, hf_tune.methods), which picks
+Two top-level keys besides the sections: ``method`` (sft | dpo | kto | reward | grpo, hf_tune.catalog.methods), which picks
 the trainer and the upstream config class ``training`` is checked against; and ``rewards`` (method grpo): the reward
 functions, each a shipped name, a ``module:function`` path, or ``{name: ..., <its keyword arguments>}``
-(hf_tune.rewards).
+(hf_tune.catalog.rewards).
 
 Sections:
   model     -> ``from_pretrained`` arguments plus ``task``                      (ours: ModelSection)
@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, model_validator
 
-from hf_tune.formats import DEFAULT_FORMAT, FORMATS
+from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
 from hf_tune.recipe.search_section import Distribution, SearchSection  # re-exported: the search sections' importers
 from hf_tune.recipe.section import Section as _Section
 
@@ -98,7 +98,7 @@ class DataSection(_Section):
                     "epochs (hf_tune.data.mixture)")
     eval: DatasetSource | None = None
     eval_split: float | None = Field(default=None, gt=0, lt=1, description="fraction of train held out for eval")
-    format: Literal[tuple(FORMATS)] = Field(  # the table's names: hf_tune.formats
+    format: Literal[tuple(FORMATS)] = Field(  # the table's names: hf_tune.catalog.formats
         default=DEFAULT_FORMAT, description=f"how the examples read; default: {DEFAULT_FORMAT}, or the method's "
                                             f"({METHOD_DEFAULTS})")
 
@@ -168,7 +168,7 @@ class HubSection(_Section):
 
 class TrackingSection(_Section):
     """Run identity for the trackers named in ``training.report_to`` (wandb, mlflow, trackio, tensorboard): name and
-    project also become Trainer's ``run_name`` / ``project`` unless ``training`` sets them (hf_tune.tracking)."""
+    project also become Trainer's ``run_name`` / ``project`` unless ``training`` sets them (hf_tune.lifecycle.tracking)."""
 
     project: str | None = None
     name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")

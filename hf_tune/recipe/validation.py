@@ -12,14 +12,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.methods import DEFAULT_METHOD, METHODS
+from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
                                    ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
-from hf_tune.redaction import refuse_secrets
-from hf_tune.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
+from hf_tune.lifecycle.redaction import refuse_secrets
+from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 
 # Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
 _LORA_RESERVED = {"task_type": "it follows model.task; remove lora.task_type"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from hf_tune.command_line import configure_logging, launcher_parser, user_errors
-from hf_tune.distributed import end_process_group
-from hf_tune.recipe_loading import load_recipe
+from hf_tune.commands.command_line import configure_logging, launcher_parser, user_errors
+from hf_tune.runtime.distributed import end_process_group
+from hf_tune.build.loading import load_recipe
 from hf_tune.search import format_summary, search
 
 

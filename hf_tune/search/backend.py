@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from hf_tune import run_folder
+from hf_tune.lifecycle import run_folder
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from hf_tune.distributed import decided_on_main
+from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.search.study import objective_values
 
 

@@ -23,8 +23,8 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     own, or under PBT a donor's), train, report every evaluation."""
     from ray import tune
 
-    from hf_tune.build import build_run
-    from hf_tune.training_args import build_training_arguments
+    from hf_tune.build.run_build import build_run
+    from hf_tune.build.training_args import build_training_arguments
 
     number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
     folder = Path(study_dir) / trial_folder_name(number)
@@ -50,7 +50,7 @@ def adopt_checkpoint(checkpoint, folder: Path) -> str | None:
     trial."""
     if checkpoint is None:
         return None
-    from hf_tune.checkpoints import checkpoints
+    from hf_tune.trainer.checkpoints import checkpoints
 
     with checkpoint.as_directory() as source:
         step = json.loads((Path(source) / "trainer_state.json").read_text())["global_step"]

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import optuna
 
-from hf_tune.checkpoints import last_complete_checkpoint
+from hf_tune.trainer.checkpoints import last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 RESUME_LOCK = ".hf_tune_resume.lock"

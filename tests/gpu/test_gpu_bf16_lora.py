@@ -31,7 +31,7 @@ def test_a_bf16_lora_run_trains_on_the_gpu_with_a_falling_loss(tmp_path, tiny_ll
 
 
 def test_the_nan_guard_records_a_loss_without_a_host_sync():
-    from hf_tune.loss_guard import NonFiniteLossGuard
+    from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 
     guard = NonFiniteLossGuard()
     losses = torch.tensor([2.0, float("nan"), 1.0], device="cuda")

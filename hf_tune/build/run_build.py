@@ -1,0 +1,160 @@
+"""One build path: recipe -> ``Run`` (training arguments, tokenizer, data, model, trainer), used by ``train``,
+``plan``, ``cv`` and ``search`` alike, so they cannot drift apart. The trainer builders live here too, and
+``attach_callbacks`` is the one place that decides and attaches a run's callbacks.
+
+The order matters: the training arguments come first (under a CPU DeepSpeed launch they start the process group
+that ZeRO-3's model loading needs) and the launch is checked before anything heavy; the data is loaded once, by the
+main process first, and gives the class names to the model; the seed is set right before the model is built, so its
+freshly initialised weights (classification heads, LoRA) are the same in every run with that seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import TrainerCallback, TrainingArguments, set_seed
+
+from hf_tune.trainer.checkpoints import CheckpointMarker
+from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
+from hf_tune.data.preference import load_method_data
+from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
+from hf_tune.errors import stage_errors
+from hf_tune.metrics.evaluation import build_callbacks, build_compute_metrics
+from hf_tune.trainer.loss_guard import NonFiniteLossGuard
+from hf_tune.catalog.methods import method_of
+from hf_tune.model import build_model, build_tokenizer
+from hf_tune.model.attention import loaded_attn_implementation
+from hf_tune.model.loading import model_class
+from hf_tune.optim.resume import RecipeHyperparameters
+from hf_tune.recipe.schema import Recipe
+from hf_tune.recipe.upstream import blame_key
+from hf_tune.catalog.rewards import build_reward_funcs
+from hf_tune.catalog.tasks import task_of
+from hf_tune.trainer.throughput import Throughput
+from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
+from hf_tune.lifecycle.tracking import RecipeToTrackers
+from hf_tune.build.training_args import build_training_arguments
+
+
+def build_data(recipe: Recipe, tokenizer, args: TrainingArguments) -> TrainingData:
+    """The run's data as its method reads it: tokenized (and packed) for sft, TRL's layouts for the others."""
+    if method_of(recipe.method).uses_trl:
+        return build_method_data(recipe, args)
+    return build_training_data(recipe, tokenizer, args)
+
+
+def build_method_data(recipe: Recipe, args: TrainingArguments) -> TrainingData:
+    """A TRL method's examples in TRL's layout (its trainer tokenizes them), checked row by row."""
+    with args.main_process_first(desc="reading datasets"):
+        train, evaluation = load_method_data(recipe.data, recipe.method, data_seed(recipe), recipe.rewards)
+    return TrainingData(train, evaluation, labels=None)
+
+
+def build_model_and_tokenizer(recipe: Recipe):
+    """(model, tokenizer) alone, for a notebook: a classification model gets its class names from the training data
+    (``build_run`` reads them once, with the data it builds)."""
+    tokenizer = build_tokenizer(recipe)
+    labels = dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None
+    return build_model(recipe, tokenizer, labels), tokenizer
+
+
+@dataclasses.dataclass
+class Run:
+    recipe: Recipe
+    args: TrainingArguments
+    tokenizer: Any
+    data: TrainingData
+    model: Any | None
+    trainer: HfTuneTrainer | None = None
+
+
+def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: TrainingData | None = None,
+              check_launch: bool = True, callbacks: Sequence[TrainerCallback] = ()) -> Run:
+    """Everything a run needs, built in order. ``args``: the recipe's training arguments, when the caller needed
+    them first (``train`` decides where to resume before building the rest); ``data``: datasets already built (the
+    folds of cross-validation, a search's trials). ``check_launch=False``: build for a launch other than this one,
+    without refusing this one. ``callbacks``: the caller's own (a profiler, a search trial's pruning or report),
+    attached after hf_tune's (``attach_callbacks``)."""
+    if args is None:
+        args = build_training_arguments(recipe)
+    if check_launch:
+        check_distributed(args)
+    fit_cpu_threads(args)
+    tokenizer = build_tokenizer(recipe)
+    method = method_of(recipe.method)
+    if data is None:
+        data = build_data(recipe, tokenizer, args)
+    run = Run(recipe, args, tokenizer, data, model=None)
+    set_seed(args.seed)
+    # TRL's trainers wrap the model with the recipe's LoRA themselves: the reference is the adapter disabled
+    run.model = build_model(dataclasses.replace(recipe, lora=None) if method.uses_trl else recipe, tokenizer,
+                            data.labels)
+    with stage_errors(lambda message: blame_key("training", recipe.training, message), "building the Trainer"):
+        run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args, callbacks=callbacks)
+    if method.uses_trl:  # the model TRL wrapped with the adapter, and the examples it tokenized
+        run.model = run.trainer.model
+        run.data = TrainingData(run.trainer.train_dataset, run.trainer.eval_dataset, labels=None)
+    return run
+
+
+def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
+                  callbacks: Sequence[TrainerCallback] = (), **kwargs) -> HfTuneTrainer:
+    """The trainer of a recipe, with every callback of the run (``attach_callbacks``; ``callbacks``: the caller's
+    own, last). The collator follows the attention the model runs, and without a model the one it will choose."""
+    if method_of(recipe.method).uses_trl:
+        trainer = build_method_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs)
+    else:
+        task = task_of(recipe.model.task)
+        attention = loaded_attn_implementation(model) if model is not None else None
+        trainer = HfTuneTrainer(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            data_collator=build_collator(recipe, tokenizer, model_class(recipe, model), attn_implementation=attention),
+            compute_loss_func=causal_lm_loss if task.causal else None,
+            compute_metrics=build_compute_metrics(recipe.evaluation),
+            optim=recipe.optim,
+            causal=task.causal,
+            **kwargs,
+        )
+    attach_callbacks(trainer, recipe, callbacks)
+    return trainer
+
+
+def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
+                         **kwargs):
+    """A TRL method's trainer, without callbacks. TRL wraps the model with the recipe's LoRA itself
+    (``peft_config``), so that its reference is the base with the adapter disabled, and tokenizes the data in its
+    own layouts."""
+    method, task = method_of(recipe.method), task_of(recipe.model.task)
+    extra = {}
+    if recipe.lora is not None:
+        from peft import LoraConfig  # peft is loaded with a LoRA model only
+
+        extra["peft_config"] = LoraConfig(task_type=task.peft_task_type, **recipe.lora)
+    if method.generates:
+        extra["reward_funcs"] = build_reward_funcs(recipe.rewards)
+    return method_trainer_class(method.name)(
+        model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
+        optim=recipe.optim, causal=task.causal, perplexity=False, **extra, **kwargs)
+
+
+def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] = ()) -> None:
+    """Every callback hf_tune runs, decided and attached here and nowhere else, after Trainer's own (the flow and
+    the trackers of ``report_to``): checkpoint markers, the recipe to the trackers, early stopping, the throughput
+    counter and the NaN guard the trainer's hooks feed, the recipe's LRs on resume, then ``extra``: the caller's."""
+    callbacks = [
+        CheckpointMarker(),
+        RecipeToTrackers(recipe),
+        *build_callbacks(recipe.evaluation),
+        Throughput(causal=task_of(recipe.model.task).causal),  # fed by HfTuneMixin.training_step
+        NonFiniteLossGuard(),  # after DefaultFlowCallback: it reads the step's log / save decision
+        RecipeHyperparameters(trainer),  # a resume trains with the recipe's LRs (optim/resume.py)
+        *extra,
+    ]
+    for callback in callbacks:
+        trainer.add_callback(callback)

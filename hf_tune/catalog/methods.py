@@ -1,0 +1,73 @@
+"""The method table: what each recipe ``method`` trains, with which upstream config and trainer, on which data.
+
+``sft`` is hf_tune's own path (``HfTuneTrainer`` on ``TrainingArguments``); the others run TRL's maintained trainers
+with hf_tune's Trainer features mixed in (``hf_tune.trainer.hooks.HfTuneMixin``). A new method is one entry here plus, where
+its data has a new shape, a format in ``hf_tune.catalog.formats`` (each format names the methods that read it). Pure: nothing
+heavy is imported until a class is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from hf_tune.catalog.formats import formats_read_by
+
+DEFAULT_METHOD = "sft"
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    config_class: str  # "module:Class" of its TrainingArguments (sub)class: the recipe's `training` is checked against it
+    trainer_class: str | None  # "module:Class" of the upstream trainer hf_tune's mixin goes over; None: HfTuneTrainer
+    tasks: tuple[str, ...]  # the model.task values it trains (hf_tune.catalog.tasks); the first is the default
+    summary: str  # one line for the README's method table, `plan` and the model card
+    eval_metrics: tuple[str, ...] = ()  # what its evaluation reports (a search can optimise them); sft: the task's
+    reference: bool = False  # compares against a frozen reference model (the base with the adapter disabled)
+    generates: bool = False  # samples completions while training (GRPO)
+
+    @property
+    def config(self) -> type:
+        return _resolve(self.config_class)
+
+    @property
+    def trainer(self) -> type | None:
+        return _resolve(self.trainer_class) if self.trainer_class else None
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The data.format values it reads (hf_tune.catalog.formats), its default first."""
+        return formats_read_by(self.name)
+
+    @property
+    def uses_trl(self) -> bool:
+        return self.trainer_class is not None
+
+
+METHODS = {
+    "sft": Method("sft", "transformers:TrainingArguments", None, ("causal_lm", "sequence_classification"),
+                  "supervised fine-tuning (or classification): next-token loss on the trained tokens"),
+    "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",),
+                  "direct preference optimization on chosen / rejected pairs", reference=True,
+                  eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins")),
+    "kto": Method("kto", "trl:KTOConfig", "trl:KTOTrainer", ("causal_lm",),
+                  "Kahneman-Tversky optimization on completions labelled desirable or not", reference=True,
+                  eval_metrics=("eval_loss",)),
+    "reward": Method("reward", "trl:RewardConfig", "trl:RewardTrainer", ("reward_model",),
+                     "a reward model: one score per sequence, trained with the pairwise loss on chosen / rejected",
+                     eval_metrics=("eval_loss", "eval_accuracy", "eval_margin")),
+    "grpo": Method("grpo", "trl:GRPOConfig", "trl:GRPOTrainer", ("causal_lm",),
+                   "group relative policy optimization: sampled completions scored by reward functions",
+                   generates=True, eval_metrics=("eval_loss", "eval_reward")),
+}
+
+
+def method_of(name: str | None) -> Method:
+    """The method by name (None, as in a run folder written before methods existed, is ``sft``)."""
+    return METHODS[name or DEFAULT_METHOD]
+
+
+def _resolve(dotted: str) -> type:
+    module, name = dotted.split(":")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,58 @@
+"""The task table: what each ``model.task`` means to every part of hf_tune. A new task is one entry here plus its
+data builder; the rest of the code looks the task up instead of branching on its name."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from hf_tune.catalog.formats import formats_trained_by
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    auto_class: str  # transformers Auto class of the model
+    peft_auto_class: str  # peft AutoPeftModel class that loads a saved adapter of it
+    peft_task_type: str  # peft.LoraConfig(task_type=...)
+    pipeline_tag: str  # the Hub's pipeline tag on the model card
+    causal: bool  # next-token training: label masks, packs, padding-free batches, the trained-positions loss
+    eval_metrics: tuple[str, ...]  # what its evaluation reports besides the evaluation section's metrics
+    recipe_metrics: bool  # computes evaluation.metrics (argmax of the logits against the labels)
+    class_labels: bool  # a head over classes named by the data (id2label / label2id in the model config)
+    num_labels: int | None = None  # a head of a fixed width (a reward model's one score)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The data.format values it trains on (hf_tune.catalog.formats)."""
+        return formats_trained_by(self.name)
+
+    @property
+    def model_class(self) -> type:
+        return getattr(importlib.import_module("transformers"), self.auto_class)
+
+    @property
+    def peft_model_class(self) -> type:
+        return getattr(importlib.import_module("peft"), self.peft_auto_class)
+
+
+TASKS = {
+    "causal_lm": Task("causal_lm", "AutoModelForCausalLM", "AutoPeftModelForCausalLM", "CAUSAL_LM", "text-generation",
+                      causal=True,
+                      eval_metrics=("eval_loss", "eval_perplexity"), recipe_metrics=False, class_labels=False),
+    "sequence_classification": Task(
+        "sequence_classification", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification",
+        "SEQ_CLS", "text-classification", causal=False, eval_metrics=("eval_loss",),
+        recipe_metrics=True, class_labels=True),
+    # method: reward (hf_tune.catalog.methods): one score per sequence, trained on chosen / rejected pairs
+    "reward_model": Task(
+        "reward_model", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification", "SEQ_CLS",
+        "text-classification", causal=False, eval_metrics=("eval_loss", "eval_accuracy"),
+        recipe_metrics=False, class_labels=False, num_labels=1),
+}
+DEFAULT_TASK = "causal_lm"
+
+
+def task_of(name: str | None) -> Task:
+    """The task by name (a recipe's ``model.task``; None, as in an older run folder's recipe, is the default)."""
+    return TASKS[name or DEFAULT_TASK]

@@ -1,0 +1,277 @@
+"""``hf-tune`` verbs. Each one parses its arguments and calls the notebook API; no logic lives here. A verb imports
+what it calls when it runs, so ``hf-tune --help`` (and a mistyped verb) loads no library."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import yaml
+
+from hf_tune import __version__
+from hf_tune.commands.command_line import DEBUG_HELP, recipe_arguments, user_errors
+from hf_tune.lifecycle.redaction import redact_secrets
+
+
+def _validate(args) -> None:
+    from hf_tune.commands.effective import hf_tune_defaults, mark_defaults
+    from hf_tune.build.loading import load_recipe
+    from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)
+    for section, values in defaults.items():  # what the run will use, each marked as hf_tune's default
+        target = resolved.setdefault(section, {})
+        target.update({key: value for key, value in values.items() if target.get(key) is None})
+    print(mark_defaults(yaml.safe_dump(redact_secrets(resolved), sort_keys=False), defaults), end="")
+
+
+def _train(args) -> None:
+    from hf_tune.run import main as run_main
+
+    run_main([args.recipe, *args.overrides] + (["--debug"] if args.debug else []))
+
+
+def _plan(args) -> None:
+    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.build.loading import load_recipe
+
+    print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
+
+
+def _init(args) -> None:
+    from hf_tune.commands.init_recipe import write_recipe
+
+    out = args.out or f"{args.model.rsplit('/', 1)[-1].lower()}-{args.gpus}x{args.gpu_memory:g}gb.yaml"
+    choice = write_recipe(args.model, out, gpus=args.gpus, gpu_memory_gb=args.gpu_memory, tuning=args.tuning,
+                          setup=args.setup, max_length=args.max_length, data=args.data)
+    print(f"wrote {out}: {choice.tuning}, {choice.setup}, activation checkpointing "
+          f"{'on' if choice.checkpointing else 'off'}, packs of {choice.tokens:,} tokens x {choice.accumulation} "
+          f"accumulated; estimated peak {choice.peak / 2**30:.1f} GB per GPU of {args.gpu_memory:g} GB")
+
+
+def _cv(args) -> None:
+    from hf_tune.commands.cv import cross_validate
+    from hf_tune.build.loading import load_recipe
+
+    result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
+    for name, stats in result["summary"].items():
+        print(f"{name}: {stats['mean']:.4f} ± {stats['std']:.4f}")
+
+
+def _search(args) -> None:
+    from hf_tune.build.loading import load_recipe
+    from hf_tune.search import format_summary, search
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    if args.dashboard:
+        from hf_tune.search.dashboard import dashboard_instructions
+
+        print(dashboard_instructions(recipe), flush=True)
+    print(format_summary(search(recipe)))
+
+
+def _report(args) -> None:
+    from hf_tune.lifecycle.report import write_report
+
+    for path in write_report(args.run_dir):
+        print(path)
+
+
+def _merge(args) -> None:
+    from hf_tune.lifecycle.hub import merge
+
+    result = merge(args.run_dir, out=args.out, dtype=args.dtype, check=args.check)
+    print(f"merged model: {result['merged_dir']} ({result['dtype']})")
+    if args.check:
+        print(f"check: max |Δ logit| = {result['max_abs_logit_diff']:.3g} ({result['relative_diff']:.2e} of the "
+              f"largest logit; tolerance {result['tolerance']:g}): ok")
+
+
+def _push(args) -> None:
+    from hf_tune.lifecycle.hub import push
+
+    url = push(args.run_dir, args.repo_id, merged=args.merged, private=args.private, revision=args.revision,
+               base_model=args.base_model, include_manifest=args.include_manifest, include_logs=args.include_logs)
+    print(f"pushed: {url}")
+
+
+def _register(args) -> None:
+    from hf_tune.lifecycle.registry import register
+
+    result = register(args.run_dir, args.name, alias=args.alias, tracking_uri=args.tracking_uri)
+    print(f"registered {result['model_uri']} (MLflow run {result['run_id']} at {result['tracking_uri']})"
+          + (f"; alias {result['alias']} -> version {result['version']}" if result["alias"] else ""))
+
+
+def _profile(args) -> None:
+    from hf_tune.build.loading import load_recipe
+    from hf_tune.commands.profile import profile_recipe
+    from hf_tune.trainer.profiling import format_profile
+
+    summary = profile_recipe(load_recipe(args.recipe, args.overrides), out=args.out)
+    print(format_profile(summary, Path(summary["dir"])))
+
+
+def _compare(args) -> None:
+    from hf_tune.lifecycle.compare import collect_runs, comparison_table, format_table, plot_comparison
+
+    runs = collect_runs(args.run_dirs)
+    print(format_table(comparison_table(runs)))
+    print(f"curves: {plot_comparison(runs, args.out)}")
+
+
+def _promote(args) -> None:
+    from hf_tune.lifecycle.registry import promote
+
+    result = promote(args.name, args.version, args.alias, tracking_uri=args.tracking_uri)
+    print(f"{result['name']}@{result['alias']} -> version {result['version']}"
+          + (f" (was version {result['previous']})" if result["previous"] else ""))
+
+
+def _chat(args) -> None:
+    from hf_tune.commands.chat import load_trained, reply
+
+    model, tokenizer = load_trained(args.run_dir, device=args.device, dtype=args.dtype)
+    print(f"{args.run_dir} on {model.device} in {model.dtype}", file=sys.stderr)
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "seed": args.seed, "stream": True}
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if args.prompt:
+        messages.append({"role": "user", "content": args.prompt})
+        print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
+        reply(model, tokenizer, messages, **sampling)
+        return
+    print("Type a message (empty line or Ctrl-D to quit).")
+    while text := _read("you> "):
+        messages.append({"role": "user", "content": text})
+        print("model> ", end="", flush=True)
+        messages.append({"role": "assistant", "content": reply(model, tokenizer, messages, **sampling)})
+
+
+def _read(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+def installed_version() -> str:
+    """The installed distribution's version (what pip sees), else the source tree's ``hf_tune.__version__``."""
+    try:
+        return version("hf_tune")
+    except PackageNotFoundError:
+        return __version__
+
+
+def option(*flags: str, **settings) -> tuple[tuple[str, ...], dict]:
+    """One argument of a verb, as ``ArgumentParser.add_argument`` takes it."""
+    return flags, settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    """One ``hf-tune`` sub-command: what it runs, its help line, whether it reads RECIPE [overrides], its options."""
+
+    run: Callable[[argparse.Namespace], None]
+    help: str
+    reads_recipe: bool = False
+    options: tuple[tuple[tuple[str, ...], dict], ...] = ()
+
+
+RUN_DIR = option("run_dir")
+TRACKING_URI = "default: MLFLOW_TRACKING_URI"
+VERBS = {  # in the order `hf-tune --help` lists them
+    "train": Verb(_train, "train from a recipe (same as python -m hf_tune.run)", True),
+    "validate": Verb(_validate, "check a recipe and print it fully resolved", True),
+    "plan": Verb(_plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training", True, (
+        option("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)"),
+        option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)"))),
+    "profile": Verb(_profile, "a short run of the profile section's steps under torch.profiler: trace, top operators, "
+                    "step-time shares", True, (
+        option("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; the "
+               "real run folder is not touched)"),)),
+    "cv": Verb(_cv, "stratified k-fold cross-validation of a classification recipe", True,
+               (option("--folds", type=int, default=5),)),
+    "search": Verb(_search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)", True, (
+        option("--dashboard", action="store_true", help="first print how to open optuna-dashboard on the study's "
+               "storage (pip install 'hf_tune[dashboard]')"),)),
+    "init": Verb(_init, "write a recipe for MODEL whose plan fits the machine (each choice commented)", options=(
+        option("model", help="a Hub id, local folder or embedded: name (its config is read, no weight)"),
+        option("--gpus", type=int, default=1, help="GPUs the run uses (default 1)"),
+        option("--gpu-memory", type=float, default=80, help="GB of memory per GPU (default 80)"),
+        option("--tuning", default="auto", choices=["auto", "full", "lora", "qlora"],
+               help="default: the fastest that fits (full for models under 2B parameters, then LoRA, then QLoRA)"),
+        option("--setup", default="auto", choices=["auto", "ddp", "zero2", "zero3"],
+               help="distribution (default: the fastest that fits: DDP, then ZeRO-2, then ZeRO-3)"),
+        option("--max-length", type=int, default=4096, help="longest example in tokens (data.max_length)"),
+        option("--data", default="data/train.jsonl", help="chat data (JSONL of messages) for data.train.path"),
+        option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)"))),
+    "report": Verb(_report, "plot a run's loss, learning rates and eval metrics into PNG files", options=(RUN_DIR,)),
+    "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
+        RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),
+        option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
+               "dequantized to it); the merge streams the base's safetensors shard by shard"),
+        option("--check", action="store_true", help="compare merged logits with base + adapter (one model in memory "
+               "at a time)"))),
+    "push": Verb(_push, "upload a run (adapter, or --merged model) with a model card to the Hub", options=(
+        RUN_DIR, option("--repo-id", required=True, help="OWNER/NAME"),
+        option("--merged", action="store_true", help="push the merged model instead of the adapter"),
+        option("--private", action="store_true"),
+        option("--revision", default=None, help="a branch (created if needed)"),
+        option("--base-model", default=None, metavar="ORG/NAME",
+               help="the base model's Hub id, for an adapter trained on a local folder"),
+        option("--include-manifest", action="store_true",
+               help="also upload run.json (host name, command line, environment), trainer_state.json and plots"),
+        option("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)"))),
+    "compare": Verb(_compare, "table of runs' differing recipe keys and results; their curves in one PNG", options=(
+        option("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)"),
+        option("--out", default="compare.png", help="the PNG of overlaid loss and eval curves"))),
+    "register": Verb(_register, "log a run's model to the MLflow registry as a new version of NAME", options=(
+        RUN_DIR, option("--name", required=True, help="the registered model's name"),
+        option("--alias", default=None, help="point this alias (e.g. staging) at the new version"),
+        option("--tracking-uri", default=None, help=f"{TRACKING_URI}, else the run folder's store"))),
+    "promote": Verb(_promote, "point an alias of a registered model (e.g. production) at a version", options=(
+        option("name"), option("version"), option("--alias", required=True),
+        option("--tracking-uri", default=None, help=TRACKING_URI))),
+    "chat": Verb(_chat, "talk to a trained run (adapter or full model)", options=(
+        RUN_DIR, option("--prompt", help="one message, answered once (default: interactive)"),
+        option("--system", help="a system message"),
+        option("--max-new-tokens", type=int, default=128),
+        option("--device", default=None, help="default: cuda if available, else mps, else cpu"),
+        option("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
+               help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype"),
+        option("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled"),
+        option("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature above 0)"),
+        option("--seed", type=int, default=None, help="makes sampled replies repeatable"))),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """``hf-tune``'s arguments: one sub-command per entry of ``VERBS``."""
+    p = argparse.ArgumentParser(prog="hf-tune", description="Fine-tune Hugging Face models from a YAML recipe.")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    p.add_argument("--version", action="version", version=f"hf-tune {installed_version()}")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    for name, verb in VERBS.items():
+        v = verbs.add_parser(name, help=verb.help, parents=[recipe_arguments()] if verb.reads_recipe else [])
+        for flags, settings in verb.options:
+            v.add_argument(*flags, **settings)
+        # `hf-tune validate R --debug` as well as `hf-tune --debug validate R`
+        v.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        v.set_defaults(func=verb.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    with user_errors(args.debug):
+        args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

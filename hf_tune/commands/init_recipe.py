@@ -1,0 +1,172 @@
+"""``hf-tune init MODEL --gpus N --gpu-memory GB``: a recipe whose plan fits the machine, each choice commented.
+
+The choices are tried fastest first and the first whose estimated peak per rank (``hf_tune.model.memory``, the numbers
+``hf-tune plan`` prints) fits is written: the tuning (full, LoRA, QLoRA), the distribution (DDP, then ZeRO-2, then
+ZeRO-3, which partitions what the others replicate), then activation checkpointing and the tokens of a micro-batch.
+The model is sized on the meta device from its config, so a 70B recipe is written offline in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hf_tune.errors import HfTuneError
+from hf_tune.catalog.formats import DEFAULT_FORMAT
+from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
+from hf_tune.model.meta import build_meta_model
+from hf_tune.optim.schedule import resolve_schedule
+from hf_tune.commands.plan import plan_memory
+from hf_tune.recipe import validate_recipe
+from hf_tune.build.training_args import build_training_arguments
+
+TUNINGS = ("full", "lora", "qlora")
+FULL_AUTO_MAX_PARAMS = 2e9  # auto trains every weight of a model this small when it fits: LoRA saves little there
+HEADROOM = 0.9  # a plan fits in 90 % of the GPU: the activation estimate is a formula, not a measurement
+TOKENS_PER_STEP = 131_072  # effective batch the accumulation aims at: 32 packs of 4k tokens
+MICRO_BATCH_TOKENS = (16384, 8192, 4096, 2048, 1024)
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
+QLORA = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+         "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "bfloat16"}
+LEARNING_RATE = {"full": 1.0e-5, "lora": 2.0e-4, "qlora": 2.0e-4}
+
+
+@dataclasses.dataclass
+class Choice:
+    tuning: str
+    setup: str  # a row of hf_tune.model.memory.model_state_memory
+    checkpointing: bool
+    tokens: int
+    accumulation: int
+    peak: float
+    why: dict[str, str]
+
+
+DEEPSPEED = {"ZeRO-2": "zero2", "ZeRO-3": "zero3"}
+
+
+def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, tokens: int, accumulation: int,
+                     data: str, max_length: int, output_dir: str) -> dict[str, Any]:
+    """The recipe of one choice, as a dict of upstream and hf_tune keys."""
+    training: dict[str, Any] = {
+        "output_dir": output_dir, "num_train_epochs": 1, "learning_rate": LEARNING_RATE[tuning], "bf16": True,
+        "per_device_train_batch_size": 1, "gradient_accumulation_steps": accumulation, "warmup_steps": 0.03,
+        "logging_steps": 10, "save_steps": 200, "save_total_limit": 2}
+    if checkpointing:
+        training.update(activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False})
+    if setup in DEEPSPEED:
+        training["deepspeed"] = DEEPSPEED[setup]
+    # a full fine-tune without DeepSpeed keeps float32 weights under bf16 autocast: AdamW updates of bf16 weights
+    # round away (DeepSpeed keeps its own float32 master copy of bf16 weights)
+    dtype = "float32" if tuning == "full" and setup not in DEEPSPEED else "bfloat16"
+    recipe: dict[str, Any] = {"model": {"pretrained_model_name_or_path": model, "dtype": dtype}}
+    if tuning == "qlora":
+        recipe["model"]["quantization_config"] = dict(QLORA)
+    if tuning != "full":
+        recipe["lora"] = dict(LORA)
+    recipe["data"] = {"format": DEFAULT_FORMAT, "train": {"path": data}, "max_length": max_length,
+                      "batch_tokens": tokens}
+    recipe["training"] = training
+    recipe["optim"] = {"min_lr_ratio": 0.1}
+    return recipe
+
+
+def estimate(recipe: dict, world: int, models: dict) -> float:
+    """The estimated peak per rank of a candidate recipe: ``hf-tune plan``'s own numbers (``plan.plan_memory``)."""
+    parsed = validate_recipe(recipe)
+    parsed = dataclasses.replace(parsed, training=resolve_schedule(parsed.training, parsed.optim))
+    # candidates differ in tuning and dtype only (a full fine-tune under DDP keeps float32 weights)
+    key = (parsed.lora is not None, bool(parsed.model.quantization_config), parsed.model.dtype)
+    if key not in models:
+        models[key] = build_meta_model(parsed)
+    return plan_memory(parsed, build_training_arguments(parsed), models[key], world)["peak_per_rank"]
+
+
+SETUPS = {"ddp": "no ZeRO (DDP)", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+
+
+def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", max_length: int = 4096,
+           data: str = "data/train.jsonl", output_dir: str | None = None, setup: str = "auto") -> tuple[dict, Choice]:
+    """The first candidate, fastest first, whose estimated peak per rank fits ``gpu_memory_gb``; ``tuning`` and
+    ``setup`` (ddp, zero2, zero3) narrow the candidates to one."""
+    if tuning not in ("auto", *TUNINGS):
+        raise HfTuneError(f"--tuning {tuning!r}: use auto, full, lora or qlora")
+    if setup not in ("auto", *SETUPS):
+        raise HfTuneError(f"--setup {setup!r}: use auto, ddp, zero2 or zero3")
+    output_dir = output_dir or f"runs/{model.rsplit('/', 1)[-1].lower()}"
+    budget = HEADROOM * gpu_memory_gb * 2**30
+    models: dict = {}
+    size = sum(p.numel() for p in build_meta_model(validate_recipe(
+        {"model": {"pretrained_model_name_or_path": model}, "data": {"train": {"path": data}}}))
+        .parameters())
+    tunings = [tuning] if tuning != "auto" else (
+        ["full", "lora", "qlora"] if size <= FULL_AUTO_MAX_PARAMS else ["lora", "qlora"])
+    setups = [SETUPS[setup]] if setup != "auto" else ["no ZeRO (DDP)"] if gpus == 1 else list(SETUPS.values())
+    tried = []
+    for tune in tunings:
+        for setup in setups:
+            for checkpointing in (False, True):
+                for tokens in (t for t in MICRO_BATCH_TOKENS if t >= max_length):
+                    accumulation = max(1, round(TOKENS_PER_STEP / (tokens * gpus)))
+                    recipe = candidate_recipe(model, tune, setup, checkpointing, tokens, accumulation, data,
+                                              max_length, output_dir)
+                    peak = estimate(recipe, gpus, models)
+                    tried.append(peak)
+                    if peak <= budget and (checkpointing or tokens >= 4096):
+                        return recipe, Choice(tune, setup, checkpointing, tokens, accumulation, peak,
+                                              reasons(tune, setup, checkpointing, tokens, size, tunings, gpus))
+    raise HfTuneError(f"{model} ({size / 1e9:.1f}B parameters) fits no recipe on {gpus} x {gpu_memory_gb:g} GB: the "
+                      f"smallest estimated peak per rank is {min(tried) / 2**30:.1f} GB\n  fix: more GPUs (--gpus), "
+                      f"--tuning qlora, or a shorter --max-length")
+
+
+def reasons(tuning: str, setup: str, checkpointing: bool, tokens: int, size: float, tunings: list[str],
+            gpus: int) -> dict[str, str]:
+    """One comment for each choice the recipe carries."""
+    skipped = tunings[:tunings.index(tuning)]
+    why_tuning = {"full": f"every weight trains: {size / 1e9:.1f}B parameters and their AdamW states fit",
+                  "lora": "LoRA adapters on every linear layer, base frozen in bf16"
+                          + (f" ({', '.join(skipped)} does not fit)" if skipped else ""),
+                  "qlora": "QLoRA: the base stored in 4-bit NF4, adapters in bf16"
+                           + (f" ({', '.join(skipped)} does not fit)" if skipped else "")}[tuning]
+    why_setup = ("one GPU: no distribution" if gpus == 1 and setup not in DEEPSPEED else
+                 f"{setup} over {gpus} GPUs: " + {"no ZeRO (DDP)": "every rank holds the whole model (fastest)",
+                                                  "ZeRO-2": "gradients and optimizer states partitioned",
+                                                  "ZeRO-3": "weights partitioned too (FSDP full_shard is the same plan)"}[setup])
+    return {"tuning": why_tuning, "setup": why_setup,
+            "checkpointing": "activation checkpointing: without it the activations do not fit" if checkpointing
+            else "no activation checkpointing: the activations fit (it would cost about a third of the speed)",
+            "tokens": f"packs of up to {tokens:,} tokens a micro-batch: the largest that fits"}
+
+
+def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: float) -> str:
+    """The recipe as YAML, each choice with its reason in a comment."""
+    def block(section: str) -> str:
+        return yaml.safe_dump({section: recipe[section]}, sort_keys=False, default_flow_style=False, width=100)
+
+    head = [f"# {model} on {gpus} x {gpu_memory_gb:g} GB, written by `hf-tune init` (check it: hf-tune plan THIS.yaml"
+            f"{f' --world-size {gpus}' if gpus > 1 else ''})",
+            f"# estimated peak per rank: {choice.peak / 2**30:.1f} GB of {gpu_memory_gb:g} GB (model states, "
+            f"activations and {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} of the GPU)",
+            f"# {choice.why['tuning']}", f"# {choice.why['setup']}", f"# {choice.why['checkpointing']}",
+            f"# {choice.why['tokens']}; accumulation {choice.accumulation} -> about "
+            f"{choice.tokens * choice.accumulation * gpus:,} tokens an optimizer step",
+            "# attention, bf16 and Liger kernels: hf_tune decides on the GPU it runs on (see README, GPU quick start)"]
+    parts = ["\n".join(head)] + [block(section) for section in recipe]
+    liger = ("  # use_liger_kernel: true  # on a GPU with `pip install liger-kernel`: fused kernels and a loss that never "
+             "holds the full logits (plan then counts none)\n")
+    return "\n".join(parts).replace("\noptim:", liger + "\noptim:")
+
+
+def write_recipe(model: str, out: str | Path, gpus: int = 1, gpu_memory_gb: float = 80, **options) -> Choice:
+    """Choose a recipe for the machine and write it to ``out``."""
+    recipe, choice = choose(model, gpus, gpu_memory_gb, **options)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(render(recipe, choice, model, gpus, gpu_memory_gb))
+    return choice
+
+
+__all__ = ["Choice", "choose", "write_recipe"]

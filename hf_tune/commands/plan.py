@@ -1,0 +1,222 @@
+"""``hf-tune plan``: batch sizes, step counts, optimizer groups and the LR schedule of a recipe, without training."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from transformers import get_scheduler
+
+from hf_tune.lifecycle import run_folder
+from hf_tune.build.run_build import build_method_data
+from hf_tune.data import TrainingData, build_training_data, dataset_labels
+from hf_tune.errors import RecipeError
+from hf_tune.catalog.formats import format_of
+from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
+                            quantized_model_state_memory, quantized_weight_memory, recipe_setup)
+from hf_tune.catalog.methods import method_of
+from hf_tune.model import build_tokenizer
+from hf_tune.model.meta import build_meta_model
+from hf_tune.model.quantization import describe
+from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
+from hf_tune.recipe.schema import Recipe
+from hf_tune.catalog.tasks import task_of
+from hf_tune.build.training_args import build_training_arguments
+
+__all__ = ["format_plan", "model_state_memory", "plan", "steps_per_epoch"]
+
+
+def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int, world_size: int) -> int:
+    """Optimizer steps per epoch as Trainer counts them: accelerate shards ceil(n / batch) batches over the ranks
+    (padding the last round), and a partial accumulation window at the end of an epoch still steps."""
+    batches_per_rank = math.ceil(math.ceil(num_examples / per_device_batch) / world_size)
+    return max(math.ceil(batches_per_rank / accumulation), 1)
+
+
+def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | None = None) -> dict:
+    """Everything the run will do, without reading a weight: the model is built on the meta device from its config
+    (``hf_tune.model.meta``), the data is read and tokenized as training would (when the tokenizer is at hand), and
+    the LR of every optimizer group comes from the real scheduler. Writes ``lr_schedule.png`` (one line per group)
+    into ``out_dir`` (default: the run's output_dir) when the step count is known."""
+    args = build_training_arguments(recipe)
+    world = world_size or args.world_size
+    method = method_of(recipe.method)
+    data, missing = _plan_data(recipe, args)
+    labels = data.labels if data is not None else (
+        dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None)
+    model = build_meta_model(recipe, labels)
+    generations = getattr(args, "num_generations", None) or 1 if method.generates else 1
+    # GRPO's sampler repeats each prompt num_generations times, and its batch counts completions
+    examples = None if data is None or recipe.data.streaming else len(data.train)  # a stream is not read ahead
+    per_epoch = None if examples is None else steps_per_epoch(
+        examples * generations, args.per_device_train_batch_size, args.gradient_accumulation_steps, world)
+    total = args.max_steps if args.max_steps > 0 else (
+        None if per_epoch is None else math.ceil(args.num_train_epochs * per_epoch))
+    infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
+    effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+    result = {
+        "method": method.name,
+        "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
+        "examples": examples,
+        "data_not_read": missing,
+        "world_size": world,
+        "effective_batch_size": effective,
+        "steps_per_epoch": per_epoch,
+        "total_steps": total,
+        "warmup_steps": None if total is None else args.get_warmup_steps(total),
+        "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+        "groups": group_summary(infos),
+        "trainable_params": sum(info.numel for info in infos),
+        **plan_memory(recipe, args, model, world),
+        "lr_schedule_png": None,
+    }
+    if total:
+        out = Path(out_dir or args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        curves, groups = lr_curves(model, infos, args, total)
+        result["lr_schedule_png"] = str(plot_schedule(curves, groups, out / run_folder.LR_SCHEDULE_PLOT))
+    return result
+
+
+def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None]:
+    """The training data as the run reads it, or (None, why) when the tokenizer a supervised run needs is neither
+    local nor reachable (a plan of a 70B recipe on a laptop offline)."""
+    method = method_of(recipe.method)
+    if method.uses_trl:  # TRL's layouts, read without a tokenizer
+        return build_method_data(recipe, args), None
+    try:
+        tokenizer = build_tokenizer(recipe)
+    except RecipeError as err:
+        if err.key != "model.pretrained_model_name_or_path":
+            raise
+        return None, f"the tokenizer of {recipe.model.pretrained_model_name_or_path} is not at hand ({err.problem})"
+    return build_training_data(recipe, tokenizer, args), None
+
+
+def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[dict]]:
+    """The LR of each optimizer group at every optimizer step, from the scheduler ``Trainer.create_scheduler`` builds
+    (``get_scheduler`` with the same arguments) over hf_tune's groups."""
+    groups = layerwise_param_groups(model, infos)
+    optimizer = torch.optim.SGD(groups, lr=args.learning_rate)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
+                              num_warmup_steps=args.get_warmup_steps(total), num_training_steps=total,
+                              scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    curves = [[] for _ in optimizer.param_groups]
+    for _ in range(total):
+        for curve, group in zip(curves, optimizer.param_groups):
+            curve.append(group["lr"])
+        optimizer.step()  # no gradients: a no-op that keeps the scheduler's order check quiet
+        scheduler.step()
+    return curves, optimizer.param_groups
+
+
+def micro_batch_tokens(recipe: Recipe, args) -> int:
+    """Tokens one rank's micro-batch holds at most, in the method's own length keys."""
+    method, per_device = method_of(recipe.method), args.per_device_train_batch_size
+    if method.generates:
+        return per_device * ((getattr(args, "max_prompt_length", None) or 512)
+                             + (getattr(args, "max_completion_length", None) or 256))
+    if method.uses_trl:
+        sequences = format_of(recipe.data.format).sequences  # preference pairs: chosen and rejected
+        return per_device * sequences * (getattr(args, "max_length", None) or 1024)
+    return per_device * (recipe.data.batch_tokens or recipe.data.max_length)
+
+
+def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
+    """Model states per rank by setup (a quantized base's stored weights), activations of one micro-batch, and the
+    estimated peak of the setup the recipe runs (``hf_tune.model.memory``)."""
+    total, trainable, largest = model_state_sizes(model)
+    mixed = bool(args.bf16 or args.fp16)
+    param_bytes = next(model.parameters()).element_size()
+    result = {"memory_per_rank": model_state_memory(total, trainable, largest, world, mixed, param_bytes)}
+    quantization = recipe.model.quantization_config
+    if quantization:
+        weights = quantized_weight_memory(model, quantization)
+        result["quantized_weights"] = {**weights, "quantization": describe(quantization)}
+        result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
+    result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
+    tokens = micro_batch_tokens(recipe, args)
+    fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
+    checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
+                        for key in ("activation_checkpointing", "gradient_checkpointing"))
+    fused_loss = bool(recipe.training.get("use_liger_kernel"))  # Liger's loss never holds the full logits
+    activations = activation_memory(model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
+                                    lora_r=(recipe.lora or {}).get("r", 0))
+    setup = recipe_setup(recipe.training)
+    result["activations"] = {"bytes": activations, "tokens": tokens, "checkpointing": checkpointing}
+    result["setup"] = setup
+    result["peak_per_rank"] = result["memory_per_rank"][setup][0] + activations + RUNTIME_RESERVE_BYTES
+    return result
+
+
+def method_batch(method, effective: int, generations: int, batch_tokens: int | None = None) -> str:
+    """What one optimizer step trains on, in the method's own units."""
+    if method.generates:
+        return (f"{effective} completions per step: {effective / generations:g} prompts x {generations} generations "
+                "(training.num_generations), each scored by the rewards")
+    if method.reference or method.name == "reward":
+        return f"{effective} pairs per step: {2 * effective} sequences (chosen and rejected) through the model"
+    if batch_tokens:
+        return (f"{effective} pack{'s' if effective > 1 else ''} per step, each of whole examples up to "
+                f"{batch_tokens} tokens (data.batch_tokens): at most {effective * batch_tokens:,} tokens")
+    return f"{effective} examples per step"
+
+
+def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for curve, group in zip(curves, groups):
+        depths = group.get("depths", [])
+        where = f"depth {min(depths)}" + (f"-{max(depths)}" if len(set(depths)) > 1 else "") if depths else "group"
+        ax.plot(range(len(curve)), curve, label=f"{where}, wd {group['weight_decay']:g}",
+                linestyle="--" if group["weight_decay"] == 0 else "-")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.set_title("Learning rate per optimizer group")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def format_plan(result: dict) -> str:
+    missing = result.get("data_not_read")
+    streamed = result["examples"] is None and not missing
+    examples = f"not counted: {missing}" if missing else "streamed, counted as read" if streamed else result["examples"]
+    per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
+    total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
+    lines = [f"method: {result['method']} ({result['method_batch']})",
+             f"examples: {examples}",
+             f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
+             f"steps per epoch: {per_epoch or '-'}   total steps: {total}   "
+             f"warmup steps: {result['warmup_steps'] if result['warmup_steps'] is not None else '-'}   "
+             f"schedule: {result['lr_scheduler_type']}",
+             f"trainable parameters: {result['trainable_params']:,}", "",
+             f"{'depth':>5} {'decay':>5} {'tensors':>7} {'params':>12} {'peak lr':>11} {'wd':>6}"]
+    for row in result["groups"]:
+        lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
+                     f"{row['params']:>12,} {row['lr']:>11.3e} {row['weight_decay']:>6g}")
+    quantized = result.get("quantized_weights")
+    if quantized:
+        lines.append(f"\nweights ({quantized['quantization']}): {quantized['bytes'] / 2**30:.3f} GB for "
+                     f"{quantized['params']:,} parameters ({quantized['full_precision_bytes'] / 2**30:.3f} GB unquantized)")
+    lines.append(f"\nmodel-state memory per rank ({result['world_size']} ranks, {result['memory_precision']}, AdamW; "
+                 "activations not included):")
+    lines.append(f"{'setup':<16} {'accelerator':>12} {'CPU':>10}")
+    for setup, (device, cpu) in result["memory_per_rank"].items():
+        mark = "  <- this recipe" if setup == result["setup"] else ""
+        lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB{mark}")
+    act = result["activations"]
+    lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB for {act['tokens']:,} tokens a micro-batch "
+                 f"(activation checkpointing {'on' if act['checkpointing'] else 'off'})")
+    lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
+                 f"(model states + activations + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
+    png = result["lr_schedule_png"]
+    lines.append(f"\nLR schedule plot: {png}" if png else "\nLR schedule plot: none (the step count is not known)")
+    return "\n".join(lines)

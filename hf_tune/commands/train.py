@@ -1,0 +1,100 @@
+"""``train(recipe)``: the calls that turn a recipe into a finished run folder (what ``python -m hf_tune.run`` does)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import yaml
+
+from hf_tune.lifecycle import run_folder
+from hf_tune.build.run_build import Run, build_run
+from hf_tune.trainer.checkpoints import resume_checkpoint
+from hf_tune.runtime.distributed import check_distributed
+from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle.manifest import now, write_manifest
+from hf_tune.trainer.profiling import StepProfiler, profile_dir
+from hf_tune.recipe.schema import Recipe
+from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
+from hf_tune.lifecycle.report import write_report
+from hf_tune.catalog.tasks import task_of
+from hf_tune.lifecycle.tracking import tracking_scope
+from hf_tune.build.training_args import build_training_arguments
+
+logger = logging.getLogger("hf_tune")
+
+
+def train(recipe: Recipe):
+    """Build everything from the recipe, train (resuming from the newest complete checkpoint unless the recipe says
+    otherwise), and fill the run folder. Returns the trainer."""
+    started = now()
+    args = build_training_arguments(recipe)
+    run_dir = Path(args.output_dir)
+    check_distributed(args)  # a launch that is not really distributed is refused before the ranks talk
+    resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
+    # torch.profiler over the recipe's profiled steps, into RUN_DIR/profile/
+    profiler = [StepProfiler(recipe.profile, profile_dir(run_dir))] if recipe.profile is not None else []
+    run = build_run(recipe, args, callbacks=profiler)  # bad data or a bad model fails here, before anything is written
+    with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
+        return _train(run, resume, started)
+
+
+def _train(run: Run, resume: str | None, started: str):
+    recipe, args, trainer = run.recipe, run.args, run.trainer
+    run_dir = Path(args.output_dir)
+    main = trainer.is_world_process_zero()
+    datasets = lineage_datasets(run)
+    logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
+    if main:
+        save_resolved_recipe(recipe, run_dir)
+        write_manifest(run_dir, recipe, args, datasets, started)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except ValueError as err:
+        if resume is None or "parameter group" not in str(err):  # torch's optimizer load_state_dict checks
+            raise
+        raise HfTuneError(
+            f"training.resume_from_checkpoint: {resume} holds an optimizer whose parameter groups differ from the "
+            f"ones this recipe builds ({err})\n  fix: restore the keys that decide which parameters share a group "
+            "(weight_decay zero or not, optim.layerwise_lr_decay, optim.head_lr, optim.no_decay, lora); learning "
+            "rates and weight decay values may change on resume, the grouping may not") from None
+    if trainer.is_fsdp_enabled:  # Trainer.save_model writes nothing from a sharded state dict (the checkpoints' type)
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model()  # adapter (LoRA) or full model, plus the tokenizer and its chat template
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    metrics = dict(result.metrics)
+    if run.data.eval is not None:
+        evaluation = trainer.evaluate()
+        trainer.log_metrics("eval", evaluation)
+        trainer.save_metrics("eval", evaluation)
+        metrics.update(evaluation)
+    trainer.save_state()
+    if main:
+        write_report(run_dir)
+        write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics)
+    return trainer
+
+
+def lineage_datasets(run: Run) -> dict:
+    """The datasets run.json and the tracker params describe: train, eval, and each source of a mixture."""
+    return {"train": run.data.train, "eval": run.data.eval, **run.data.sources}
+
+
+def save_resolved_recipe(recipe: Recipe, output_dir: Path) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / run_folder.RECIPE
+    path.write_text(yaml.safe_dump(redact_secrets(resolved_recipe_dict(recipe)), sort_keys=False))
+    return path
+
+
+def how_to_use(recipe: Recipe, output_dir: str) -> str:
+    task = task_of(recipe.model.task)
+    loader = (f"from peft import {task.peft_auto_class} as Auto" if recipe.lora is not None else
+              f"from transformers import {task.auto_class} as Auto")
+    lines = [f"\nRun folder: {output_dir}"]
+    if task.causal:
+        lines.append(f"  chat with it:  hf-tune chat {output_dir}")
+    lines.append(f"  load it:       {loader}; model = Auto.from_pretrained({str(output_dir)!r})")
+    return "\n".join(lines)

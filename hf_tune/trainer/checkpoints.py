@@ -1,0 +1,120 @@
+"""Crash-safe checkpoints: a checkpoint counts only once a completeness marker says every file was written.
+
+Trainer writes ``checkpoint-N`` in place; a kill during that write leaves a folder that resuming would crash on.
+After Trainer has saved (``on_save``), ``CheckpointMarker`` records every file and its size in
+``hf_tune_complete.json`` (written aside and renamed, so the marker itself is atomic). Resuming picks the newest
+checkpoint whose marker matches what is on disk; any other checkpoint folder is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from hf_tune.lifecycle import run_folder
+from hf_tune.runtime.distributed import decided_on_main, ranks_without
+from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
+
+logger = logging.getLogger(__name__)
+MARKER = run_folder.CHECKPOINT_MARKER
+FINISHED = run_folder.MANIFEST  # the manifest; its end_time marks a finished run
+_CHECKPOINT = run_folder.CHECKPOINT
+
+
+def mark_complete(checkpoint: Path) -> None:
+    files = {str(p.relative_to(checkpoint)): p.stat().st_size for p in sorted(checkpoint.rglob("*"))
+             if p.is_file() and p.name != MARKER}
+    staging = checkpoint / f".{MARKER}.{os.getpid()}.tmp"  # two writers (save_on_each_node on shared storage)
+    staging.write_text(json.dumps({"files": files}, indent=1))
+    os.replace(staging, checkpoint / MARKER)
+
+
+def is_complete(checkpoint: Path) -> bool:
+    try:
+        files = json.loads((checkpoint / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return bool(files) and all((checkpoint / name).is_file() and (checkpoint / name).stat().st_size == size
+                               for name, size in files.items())
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    """Every checkpoint-N folder, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def last_complete_checkpoint(output_dir: Path) -> Path | None:
+    complete = [p for p in checkpoints(output_dir) if is_complete(p)]
+    return complete[-1] if complete else None
+
+
+def resume_checkpoint(output_dir: Path, mode: str) -> str | None:
+    """What to resume from, by ``training.resume_from_checkpoint``: "auto" (default), "never", or a path.
+
+    The main process decides and every rank takes its answer (each rank looking for itself could pick another
+    checkpoint, or none, and train from another step); every rank must then see that checkpoint."""
+    choice = decided_on_main(lambda: _choose_checkpoint(output_dir, mode))
+    if choice is None:
+        return None
+    path = Path(mode) if mode not in ("auto", "never") else output_dir / choice  # each rank's own view of it
+    missing = ranks_without(path, is_complete)
+    if missing:
+        raise HfTuneError(f"training.output_dir: the run resumes from {choice}, but rank(s) {missing} do not see "
+                          f"it complete at {path}\n  fix: put training.output_dir on storage that every node shares, "
+                          "or set training.save_on_each_node: true so that each node keeps its own checkpoints")
+    return str(path)
+
+
+def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
+    key = "training.resume_from_checkpoint"
+    if mode not in ("auto", "never"):
+        path = Path(mode)
+        if not is_complete(path):
+            raise RecipeError(key, f"{path} is not a complete hf_tune checkpoint (no {MARKER} matching its files)",
+                              fix="name a checkpoint-N folder written by an hf_tune run, or use 'auto'")
+        return str(path)
+    finished = (output_dir / FINISHED).is_file() and json.loads((output_dir / FINISHED).read_text()).get("end_time")
+    if finished:
+        raise RecipeError("training.output_dir", f"{output_dir} holds a finished run",
+                          fix=f"choose a new training.output_dir, or continue from one of its checkpoints with "
+                          f"training.resume_from_checkpoint={output_dir}/checkpoint-N")
+    found = checkpoints(output_dir)
+    if mode == "never":
+        if found or (output_dir / run_folder.RECIPE).exists():
+            raise RecipeError(key, f"is 'never' but {output_dir} already holds a run",
+                              fix="use an empty training.output_dir, or resume_from_checkpoint: auto")
+        return None
+    latest = last_complete_checkpoint(output_dir)
+    for partial in found:
+        if not is_complete(partial) and (latest is None or partial.name != latest.name):
+            logger.warning("Ignoring %s: it was not completely written (the run stopped while saving it)", partial)
+    if latest is not None:
+        logger.info("Resuming from %s (the newest complete checkpoint in %s)", latest, output_dir)
+    return latest.name if latest else None
+
+
+class CheckpointMarker(TrainerCallback):
+    """Marks each checkpoint complete once Trainer has written all of it: by the process that saves the model (the
+    main process, or each node's with ``save_on_each_node``)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.should_save:
+            # a search trial saves into its own folder under output_dir (Trainer names it with hp_name)
+            run_dir = Path(args.output_dir) / (state.trial_name if state.is_hyper_param_search and state.trial_name
+                                               else "")
+            checkpoint = run_dir / f"checkpoint-{state.global_step}"
+            if checkpoint.is_dir():
+                mark_complete(checkpoint)
+
+
+class NonFiniteLoss(HfTuneError):
+    """Raised when a training step's loss is NaN or infinite; the CLI exits with status 3 (a diverged run)."""
+
+    exit_code = EXIT_DIVERGED

@@ -1,0 +1,149 @@
+"""hf_tune's Trainer features as a mixin, extended only through Trainer's own hooks: over ``transformers.Trainer``
+(``HfTuneTrainer``, method sft) and over TRL's trainers (the other methods, ``method_trainer_class``). The trainers
+are built, and their callbacks attached, in ``hf_tune.build.run_build``."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import TypeVar
+
+import torch
+from accelerate.data_loader import IterableDatasetShard
+from transformers import Trainer
+from typing_extensions import override
+
+from hf_tune.data.streaming import split_by_hf_tune
+from hf_tune.errors import HfTuneError
+from hf_tune.trainer.loss_guard import NonFiniteLossGuard
+from hf_tune.catalog.methods import method_of
+from hf_tune.optim import layerwise_param_groups, recipe_param_infos
+from hf_tune.recipe.schema import OptimSection
+from hf_tune.trainer.reference import ReferenceLogpsCache
+from hf_tune.trainer.throughput import Throughput
+
+C = TypeVar("C")
+
+
+class HfTuneMixin:
+    """hf_tune's features for any ``Trainer`` subclass (placed before it in the bases): the optimizer gets hf_tune's
+    parameter groups (decay / no decay, layer-wise LR decay, head LR), a non-finite loss stops training on every rank
+    at the next log or save, before any checkpoint holds it (``hf_tune.trainer.loss_guard``), and logs add the LR of the
+    lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.trainer.throughput``) and, for supervised
+    causal LMs, eval perplexity. The NaN guard and the throughput counter are callbacks that ``hf_tune.build.run_build``
+    attaches (``attach_callbacks``); the hooks feed them where the trainer has them.
+
+    The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
+    optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
+    scales each group from its own peak.
+    """
+
+    def __init__(self, *args, optim: OptimSection | None = None, causal: bool = False,
+                 perplexity: bool | None = None, **kwargs):
+        """``causal``: next-token training (the task's); ``perplexity``: eval_loss is a next-token loss, so
+        exp(eval_loss) is reported too (default: ``causal``)."""
+        super().__init__(*args, **kwargs)
+        self.optim = optim or OptimSection()
+        self.causal = causal
+        self.perplexity = causal if perplexity is None else perplexity
+
+    @property
+    def throughput(self) -> Throughput | None:
+        """The throughput counter the hooks feed: the one ``hf_tune.build.run_build`` attached, None without it."""
+        return callback_of(self, Throughput)
+
+    @property
+    def loss_guard(self) -> NonFiniteLossGuard | None:
+        """The NaN guard the hooks feed: the one ``hf_tune.build.run_build`` attached, None without it."""
+        return callback_of(self, NonFiniteLossGuard)
+
+    @override
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:  # rebuilt on every train() / search trial: nothing is consumed from the groups
+            opt_model = self.model if model is None else model
+            infos = recipe_param_infos(opt_model, self.optim, self.args.learning_rate, self.args.weight_decay)
+            optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            if {"params", "model", "optimizer_dict"} & kwargs.keys() or not isinstance(optimizer_cls, type):
+                raise HfTuneError(f"training.optim: {self.args.optim} builds its own parameter groups, so hf_tune's "
+                                  "groups (optim section) cannot apply\n  fix: use an AdamW/SGD-style optimizer")
+            self.optimizer = optimizer_cls(layerwise_param_groups(opt_model, infos), **kwargs)
+        return super().create_optimizer(model)
+
+    @override
+    def get_train_dataloader(self):
+        dataloader = super().get_train_dataloader()
+        if split_by_hf_tune(self.train_dataset):  # this rank's share of a stream (hf_tune.data.streaming)
+            shard = dataloader.dataset
+            if not isinstance(shard, IterableDatasetShard):
+                raise HfTuneError("training.accelerator_config: dispatch_batches reads the stream on rank 0 only, but "
+                                  "each rank already reads its own share of it\n  fix: leave dispatch_batches out")
+            shard.num_processes, shard.process_index = 1, 0  # accelerate would keep one batch in world_size of it
+        return dataloader
+
+    @override
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        throughput = self.throughput
+        if throughput is not None and isinstance(inputs, Mapping) and "input_ids" in inputs:  # GRPO: prompts only
+            counted = inputs
+            if "completion_mask" in inputs and "labels" not in inputs:  # TRL's pairs: the completions are trained
+                counted = {**inputs, "labels": inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)}
+            throughput.add(counted)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    @override
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        throughput, loss_guard = self.throughput, self.loss_guard
+        if throughput is not None and model.training and "completion_ids" in inputs and "input_ids" not in inputs:
+            throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if loss_guard is not None and model.training:  # recorded on the device, checked at the next log / save
+            loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
+        return result
+
+    @override
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "learning_rate" in logs and self.optimizer is not None:
+            # Trainer logs group 0's LR as applied at this step; every group follows the same schedule factor,
+            # so the others are that LR times their peak ratio to group 0.
+            peaks = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
+            if peaks[0]:
+                logs["lr_min"] = logs["learning_rate"] * min(peaks) / peaks[0]
+                logs["lr_max"] = logs["learning_rate"] * max(peaks) / peaks[0]
+        throughput = self.throughput
+        if throughput is not None and ("loss" in logs or "train_runtime" in logs):  # a training log, or the end
+            logs.update(throughput.metrics(self.accelerator, final="train_runtime" in logs))
+        if "eval_loss" in logs and self.perplexity:
+            logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
+        super().log(logs, start_time)
+
+
+def callback_of(trainer: Trainer, kind: type[C]) -> C | None:
+    """The trainer's callback of class ``kind``, or None."""
+    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, kind)), None)
+
+
+def generated_batch(inputs: Mapping) -> dict[str, torch.Tensor]:
+    """A GRPO batch (prompt and sampled completion ids with their masks) as the sequences the model runs, with the
+    completion tokens as the trained ones, for the throughput counts."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    trained = torch.cat([torch.zeros_like(inputs["prompt_mask"]), inputs["completion_mask"]], dim=1)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(trained == 0, -100)}
+
+
+class HfTuneTrainer(HfTuneMixin, Trainer):
+    """``Trainer`` with hf_tune's features (``HfTuneMixin``): the trainer of method sft."""
+
+
+@functools.cache
+def method_trainer_class(name: str) -> type:
+    """The trainer class of a method: ``HfTuneTrainer``, or hf_tune's mixins over the method's TRL trainer (with the
+    cached reference log-probabilities where the method has a reference model)."""
+    method = method_of(name)
+    if not method.uses_trl:
+        return HfTuneTrainer
+    upstream = method.trainer
+    bases = (ReferenceLogpsCache, HfTuneMixin, upstream) if method.reference else (HfTuneMixin, upstream)
+    return type(f"HfTune{upstream.__name__}", bases, {"__doc__": f"{upstream.__name__} with hf_tune's features."})
+
