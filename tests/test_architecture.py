@@ -1,4 +1,5 @@
-"""The floor plan holds: no import cycle among hf_tune's modules, and ``import hf_tune`` stays light."""
+"""The floor plan holds: every module in a row of the layer table (docs/architecture.md), imports pointing down it
+only, no import cycle among hf_tune's modules, and ``import hf_tune`` stays light."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     ``__init__`` such an import runs (importing ``a.b.c`` runs ``a.b``'s first; the importer's own packages are
     already running)."""
     found = set()
+    for target in direct_imports(path, modules):
+        found.add(target)
+        package = target.rpartition(".")[0]
+        while package in modules and not name.startswith(package + "."):
+            found.add(package)
+            package = package.rpartition(".")[0]
+    return found
+
+
+def direct_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The hf_tune modules a file imports by name, at module level or inside functions (a name imported from a
+    module counts as its module)."""
+    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hf_tune"):
             targets = [f"{node.module}.{alias.name}" for alias in node.names]
@@ -34,13 +48,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target not in modules:  # a name imported from a module, not a module: its module
+            while target not in modules:
                 target = target.rpartition(".")[0]
             found.add(target)
-            package = target.rpartition(".")[0]
-            while package in modules and not name.startswith(package + "."):
-                found.add(package)
-                package = package.rpartition(".")[0]
     return found
 
 
@@ -117,22 +127,6 @@ def layer_of_each_module(table: list[list[str]], modules: dict[str, Path]) -> di
                 layers.setdefault(str(path.relative_to(PACKAGE)), rank)
     by_name = {str(path.relative_to(PACKAGE)): name for name, path in modules.items()}
     return {by_name[entry]: rank for entry, rank in layers.items() if entry in by_name}
-
-
-def direct_imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hf_tune"):
-            targets = [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names if alias.name.startswith("hf_tune")]
-        else:
-            continue
-        for target in targets:
-            while target not in modules:
-                target = target.rpartition(".")[0]
-            found.add(target)
-    return found
 
 
 def layer_violations(layers: dict[str, int], modules: dict[str, Path]) -> list[str]:
