@@ -1,0 +1,136 @@
+"""Log-probabilities of target tokens from hidden states and an LM head, computed a chunk of positions at a time and
+recomputed in the backward pass, so no ``[positions, vocabulary]`` tensor ever exists whole: peak memory is
+O(chunk x V) instead of O(N x V). Plain PyTorch (CPU, CUDA, MPS); the first building block of issue 33.
+
+The head is ``logits = softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap)`` (``softcap`` None: no
+tanh), which covers Llama, Qwen, Mistral (plain), Gemma 2/3 (``final_logit_softcapping``), Cohere (``logit_scale``)
+and Granite (``1 / logits_scaling``). Matrix products run in the inputs' dtype (or autocast's), as the model's own
+``lm_head`` does; softmax, the log-probabilities and the head's weight gradient accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+CHUNK_ELEMENTS = 1 << 25  # chunk x vocabulary logits per chunk by default: 128 MiB in float32
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Positions per chunk so that one chunk's float32 logits take about 128 MiB."""
+    return max(1, CHUNK_ELEMENTS // max(vocab_size, 1))
+
+
+def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                            bias: torch.Tensor | None = None, *, chunk_size: int | None = None,
+                            logit_scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """``log_softmax(head(hidden))[target]`` per position, float32, shaped like ``targets``; 0 where the target is
+    -100. ``hidden``: ``[N, H]`` or ``[B, T, H]``; ``weight``: ``[V, H]``; gradients reach ``hidden``, ``weight``
+    and ``bias`` (whichever require them)."""
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree on the "
+                         "positions")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"LM head weight {tuple(weight.shape)} is not [vocabulary, {hidden.shape[-1]}] (a sharded "
+                         "or quantized head is not supported)")
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap must be positive, got {softcap}")
+    chunk_size = chunk_size or default_chunk_size(weight.shape[0])
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    flat_targets = targets.reshape(-1)
+    kept = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, kept)
+    compute_dtype = _compute_dtype(hidden)
+    kept_logprobs = _ChunkedTargetLogprobs.apply(rows, weight, bias, flat_targets.index_select(0, kept), chunk_size,
+                                                 float(logit_scale), softcap, compute_dtype)
+    logprobs = torch.zeros(flat_targets.shape, dtype=torch.float32, device=hidden.device)
+    return logprobs.index_put((kept,), kept_logprobs).reshape(targets.shape)
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          bias: torch.Tensor | None = None, *, reduction: str = "mean", chunk_size: int | None = None,
+                          logit_scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """Cross-entropy of the targets (-100 ignored), float32: ``sum`` over kept positions, or their ``mean`` (0 when
+    none is kept, where ``F.cross_entropy`` gives NaN: a batch without trained tokens then adds nothing)."""
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    total = -chunked_target_logprobs(hidden, weight, targets, bias, chunk_size=chunk_size, logit_scale=logit_scale,
+                                     softcap=softcap).sum()
+    if reduction == "sum":
+        return total
+    return total / max(int((targets != IGNORE_INDEX).sum()), 1)
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the head's matrix product runs in: autocast's where it is on, else the hidden states'."""
+    device_type = hidden.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return hidden.dtype
+
+
+def _chunk_logits(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
+                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's float32 logits, and d(logits)/d(raw logits) where the head applies more than the identity."""
+    logits = F.linear(rows, weight, bias).float()
+    if softcap is not None:
+        logits.mul_(logit_scale / softcap).tanh_()
+        slope = (1 - logits.square()).mul_(logit_scale)
+        return logits.mul_(softcap), slope
+    if logit_scale != 1.0:
+        return logits.mul_(logit_scale), None
+    return logits, None
+
+
+class _ChunkedTargetLogprobs(torch.autograd.Function):
+    """Target log-probabilities of kept rows; saves only the inputs and one log-sum-exp per row for backward."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias, targets, chunk_size, logit_scale, softcap, compute_dtype):
+        with torch.autocast(rows.device.type, enabled=False):
+            w, b = weight.to(compute_dtype), None if bias is None else bias.to(compute_dtype)
+            logprobs = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+            logsumexp = torch.empty_like(logprobs)
+            for start in range(0, rows.shape[0], chunk_size):
+                end = min(start + chunk_size, rows.shape[0])
+                logits, _ = _chunk_logits(rows[start:end].to(compute_dtype), w, b, logit_scale, softcap)
+                logsumexp[start:end] = torch.logsumexp(logits, dim=-1)
+                logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - logsumexp[start:end]
+        ctx.save_for_backward(rows, weight, bias, targets, logsumexp)
+        ctx.chunk_size, ctx.logit_scale, ctx.softcap, ctx.compute_dtype = chunk_size, logit_scale, softcap, compute_dtype
+        return logprobs
+
+    @staticmethod
+    def backward(ctx, grad_logprobs):
+        rows, weight, bias, targets, logsumexp = ctx.saved_tensors
+        need_rows, need_weight, need_bias = ctx.needs_input_grad[:3]
+        dtype = ctx.compute_dtype
+        grad_rows = torch.empty_like(rows) if need_rows else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
+        with torch.autocast(rows.device.type, enabled=False):
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+            for start in range(0, rows.shape[0], ctx.chunk_size):
+                end = min(start + ctx.chunk_size, rows.shape[0])
+                chunk = rows[start:end].to(dtype)
+                logits, slope = _chunk_logits(chunk, w, b, ctx.logit_scale, ctx.softcap)
+                grad_out = grad_logprobs[start:end, None].float()
+                # d logp[t] / d logits = onehot(t) - softmax(logits)
+                grad_logits = logits.sub_(logsumexp[start:end, None]).exp_().mul_(-grad_out)
+                grad_logits.scatter_add_(1, targets[start:end, None], grad_out)
+                if slope is not None:
+                    grad_logits.mul_(slope)
+                elif ctx.logit_scale != 1.0:
+                    grad_logits.mul_(ctx.logit_scale)
+                if need_bias:
+                    grad_bias += grad_logits.sum(0)
+                grad_logits = grad_logits.to(dtype)
+                if need_rows:
+                    grad_rows[start:end] = (grad_logits @ w).to(rows.dtype)
+                if need_weight:
+                    grad_weight += (grad_logits.T @ chunk).float()
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
+        return grad_rows, grad_weight, grad_bias, None, None, None, None, None
