@@ -18,6 +18,7 @@ from transformers import TrainerCallback, TrainingArguments, set_seed
 
 from hf_tune.trainer.checkpoints import CheckpointMarker
 from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
+from hf_tune.data.loss import ChunkedCausalLMLoss
 from hf_tune.data.preference import load_method_data
 from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import stage_errors
@@ -26,6 +27,7 @@ from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.model.attention import loaded_attn_implementation
+from hf_tune.model.chunked_head import chunked_loss_head
 from hf_tune.model.loading import model_class
 from hf_tune.optim.resume import RecipeHyperparameters
 from hf_tune.recipe.schema import Recipe
@@ -115,7 +117,7 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
             eval_dataset=eval_dataset,
             processing_class=tokenizer,
             data_collator=build_collator(recipe, tokenizer, model_class(recipe, model), attn_implementation=attention),
-            compute_loss_func=causal_lm_loss if task.causal else None,
+            compute_loss_func=causal_loss(recipe, model) if task.causal else None,
             compute_metrics=build_compute_metrics(recipe.evaluation),
             optim=recipe.optim,
             causal=task.causal,
@@ -123,6 +125,14 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
         )
     attach_callbacks(trainer, recipe, callbacks)
     return trainer
+
+
+def causal_loss(recipe: Recipe, model):
+    """The causal LM loss: ``causal_lm_loss``, or with ``model.chunked_loss`` its chunked form through the model's
+    LM head, proven on the model first (``hf_tune.model.chunked_head``)."""
+    if not recipe.model.chunked_loss or model is None:
+        return causal_lm_loss
+    return ChunkedCausalLMLoss(chunked_loss_head(model))
 
 
 def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,

@@ -1,11 +1,14 @@
 """The causal LM loss and the positions it reads (those whose next token has a label): the collator's
-``logits_to_keep`` mask, the trainer's loss and the throughput's trained-token count share them."""
+``logits_to_keep`` mask, the trainer's loss and the throughput's trained-token count share them. With
+``model.chunked_loss`` the same loss is computed from the last hidden state and the LM head a chunk of positions at a
+time (``ChunkedCausalLMLoss``)."""
 
 from __future__ import annotations
 
 import torch
 
 from hf_tune.data.tokenization import IGNORE_INDEX
+from hf_tune.model.chunked_logprobs import LogitHead
 
 
 def next_token_trained(labels: torch.Tensor) -> torch.Tensor:
@@ -28,8 +31,33 @@ def causal_lm_loss(outputs, labels: torch.Tensor, num_items_in_batch: torch.Tens
     if logits.dim() == 3:
         logits = logits[trained.to(logits.device)]
     total = torch.nn.functional.cross_entropy(logits.float(), targets.to(logits.device), reduction="sum")
+    return per_item(total, targets.numel(), num_items_in_batch)
+
+
+def per_item(total: torch.Tensor, trained: int, num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+    """A summed loss divided by ``num_items_in_batch``, or by this batch's ``trained`` tokens when not given."""
     if num_items_in_batch is None:
-        return total / max(targets.numel(), 1)
+        return total / max(trained, 1)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+class ChunkedCausalLMLoss:
+    """``causal_lm_loss`` from the last hidden state and the LM head, a chunk of positions at a time with the logits
+    recomputed in backward (hf_tune.model.chunked_logprobs): no ``[positions, vocabulary]`` tensor. Training forwards
+    ask for hidden states and no logits (``hf_tune.model.chunked_head.hidden_state_inputs``); a forward that returned
+    logits (evaluation) gets ``causal_lm_loss``."""
+
+    def __init__(self, head: LogitHead):
+        self.head = head
+
+    def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+                 ) -> torch.Tensor:
+        hidden_states = outputs.get("hidden_states")
+        if hidden_states is None or outputs["logits"].numel():
+            return causal_lm_loss(outputs, labels, num_items_in_batch)
+        last = hidden_states[-1]
+        targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).to(last.device)
+        total = -self.head.target_logprobs(last, targets).sum()
+        return per_item(total, int((targets != IGNORE_INDEX).sum()), num_items_in_batch)

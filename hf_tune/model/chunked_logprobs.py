@@ -10,6 +10,8 @@ and Granite (``1 / logits_scaling``). Matrix products run in the inputs' dtype (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -99,7 +101,8 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                 logsumexp[start:end] = torch.logsumexp(logits, dim=-1)
                 logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - logsumexp[start:end]
         ctx.save_for_backward(rows, weight, bias, targets, logsumexp)
-        ctx.chunk_size, ctx.logit_scale, ctx.softcap, ctx.compute_dtype = chunk_size, logit_scale, softcap, compute_dtype
+        ctx.chunk_size, ctx.logit_scale, ctx.softcap = chunk_size, logit_scale, softcap
+        ctx.compute_dtype = compute_dtype
         return logprobs
 
     @staticmethod
@@ -134,3 +137,19 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_rows, grad_weight, grad_bias, None, None, None, None, None
+
+
+@dataclass(frozen=True)
+class LogitHead:
+    """A model's LM head as the chunked log-probabilities read it: its Linear (weight read at each call, so moves
+    and trained rows are seen) and what the model applies to that Linear's output."""
+
+    linear: torch.nn.Linear
+    logit_scale: float = 1.0
+    softcap: float | None = None
+
+    def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor,
+                        chunk_size: int | None = None) -> torch.Tensor:
+        """``chunked_target_logprobs`` through this head."""
+        return chunked_target_logprobs(hidden, self.linear.weight, targets, self.linear.bias, chunk_size=chunk_size,
+                                       logit_scale=self.logit_scale, softcap=self.softcap)

@@ -8,6 +8,7 @@ import importlib.util
 from hf_tune.runtime.ds_config import check_deepspeed_config
 from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
+from hf_tune.recipe.chunked_loss_checks import check_chunked_loss
 from hf_tune.recipe.data_checks import check_sources
 from hf_tune.catalog.methods import method_of
 from hf_tune.metrics import metric_path
@@ -43,6 +44,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
     _check_fsdp_with_deepspeed(recipe)
     _check_integrations_installed(recipe.training)
     check_quantization(recipe)
+    check_chunked_loss(recipe)
     if recipe.optim.loraplus_lr_ratio is not None and recipe.lora is None:
         raise RecipeError("optim.loraplus_lr_ratio", "scales the LR of LoRA B matrices, and the recipe has no lora "
                           "section", fix="add a lora section, or remove optim.loraplus_lr_ratio")

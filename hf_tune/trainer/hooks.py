@@ -14,10 +14,12 @@ from accelerate.data_loader import IterableDatasetShard
 from transformers import Trainer
 from typing_extensions import override
 
+from hf_tune.data.loss import ChunkedCausalLMLoss
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 from hf_tune.catalog.methods import method_of
+from hf_tune.model.chunked_head import hidden_state_inputs
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer.reference import ReferenceLogpsCache
@@ -96,7 +98,14 @@ class HfTuneMixin:
         throughput, loss_guard = self.throughput, self.loss_guard
         if throughput is not None and model.training and "completion_ids" in inputs and "input_ids" not in inputs:
             throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
-        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training and isinstance(self.compute_loss_func, ChunkedCausalLMLoss) and "labels" in inputs:
+            # model.chunked_loss: hidden states and no logits from the forward; the head runs in the loss, under
+            # the forward's autocast (accelerate's public context) as the model's own lm_head would
+            with self.accelerator.autocast():
+                result = super().compute_loss(model, hidden_state_inputs(inputs, inputs["labels"]), return_outputs,
+                                              num_items_in_batch)
+        else:
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if loss_guard is not None and model.training:  # recorded on the device, checked at the next log / save
             loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
         return result

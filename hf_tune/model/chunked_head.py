@@ -1,0 +1,71 @@
+"""The LM head the chunked loss reads (``model.chunked_loss``), found through public accessors and proven on the
+model itself before training: its logits on a few tokens must equal the head applied to its last hidden state,
+taken from a forward that asks for hidden states and no logits, the one training then runs."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from hf_tune.errors import RecipeError
+from hf_tune.model.chunked_logprobs import LogitHead
+
+KEY = "model.chunked_loss"
+PROBE_TOKENS = 8
+
+
+def chunked_loss_head(model) -> LogitHead:
+    """The model's LM head as a ``LogitHead``, with the scale and softcap its config applies; ``RecipeError`` naming
+    ``model.chunked_loss`` where there is no plain Linear head, no ``logits_to_keep``, or the probe disagrees."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT's public accessor
+    name = type(base).__name__
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:
+        found = "not found (get_output_embeddings() gives None)" if head is None else f"a {type(head).__name__}"
+        raise RecipeError(KEY, f"{name}'s output head is {found}, not a plain torch.nn.Linear the chunked loss can "
+                          "read (LoRA or quantization on the head, or a model without one)",
+                          fix="remove model.chunked_loss, or keep lm_head out of lora.target_modules")
+    if "logits_to_keep" not in inspect.signature(type(base).forward).parameters:
+        raise RecipeError(KEY, f"{name}.forward takes no logits_to_keep, so it would compute the full logits anyway",
+                          fix="remove model.chunked_loss")
+    config = base.config.get_text_config()
+    scaling = getattr(config, "logits_scaling", None)  # Granite divides the logits by it
+    logit_head = LogitHead(head, logit_scale=float(getattr(config, "logit_scale", None) or 1.0) / float(scaling or 1.0),
+                           softcap=getattr(config, "final_logit_softcapping", None))  # Cohere, Gemma 2/3
+    check_head_reproduces_logits(model, logit_head)
+    return logit_head
+
+
+def hidden_state_inputs(inputs: dict, labels: torch.Tensor) -> dict:
+    """A training batch's model inputs asking for the last hidden state and no logits (an all-False
+    ``logits_to_keep`` mask projects no position onto the vocabulary)."""
+    return {**inputs, "logits_to_keep": torch.zeros(labels.shape, dtype=torch.bool, device=labels.device),
+            "output_hidden_states": True}
+
+
+def check_head_reproduces_logits(model, head: LogitHead) -> None:
+    """The model's own log-probabilities of a few tokens equal ``head`` applied to the last hidden state of a
+    no-logits forward, within the rounding of the head's dtype: the proof that the chunked loss is the model's."""
+    weight = head.linear.weight
+    device = model.get_input_embeddings().weight.device
+    ids = (torch.arange(PROBE_TOKENS, device=device) * 7919 % weight.shape[0])[None]
+    targets = ids.roll(-1, dims=1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits.float()
+            outputs = model(**hidden_state_inputs({"input_ids": ids, "use_cache": False}, ids))
+            got = head.target_logprobs(outputs.hidden_states[-1].to(weight.device), targets.to(weight.device))
+    finally:
+        model.train(was_training)
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1).to(got.device)
+    unit_roundoff = torch.finfo(weight.dtype).eps / 2
+    tolerance = 1e-4 if weight.dtype == torch.float32 else 8 * unit_roundoff * float(logits.abs().max()) + 1e-3
+    difference = float((got - expected).abs().max())
+    if outputs.logits.numel() or not difference <= tolerance:
+        raise RecipeError(KEY, f"{type(model).__name__}'s logits are not its LM head applied to its last hidden state "
+                          f"(largest log-probability difference {difference:.3g} on {PROBE_TOKENS} tokens, tolerance "
+                          f"{tolerance:.3g}): its forward does more than the chunked loss knows (lm_head, logit_scale, "
+                          "logits_scaling, final_logit_softcapping)", fix="remove model.chunked_loss")
