@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GraniteConfig,
-                          GraniteForCausalLM, LlamaConfig, LlamaForCausalLM)
+                          GraniteForCausalLM, LlamaConfig, LlamaForCausalLM, LlamaModel)
 
 from conftest import DATA, chat_recipe
 from hf_tune import build_run, load_recipe
@@ -71,6 +71,8 @@ def test_the_chunked_training_loss_and_gradients_equal_cross_entropy_on_the_mode
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
     for name, p in model.named_parameters():  # the tied head / embedding included
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    with torch.no_grad():  # evaluation forwards keep their logits (metrics may read them): the plain loss
+        torch.testing.assert_close(trainer.compute_loss(model.eval(), dict(batch)), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("model_class, config", [
@@ -105,6 +107,11 @@ def test_a_forward_that_changes_the_logits_beyond_the_head_is_refused_by_the_pro
     chunked_loss_head(LlamaForCausalLM(LlamaConfig(**SMALL)))  # the same model without the doubling passes
     with pytest.raises(RecipeError, match="model.chunked_loss.*not its LM head applied to its last hidden state"):
         chunked_loss_head(model)
+
+
+def test_a_model_without_an_output_head_is_refused():
+    with pytest.raises(RecipeError, match="model.chunked_loss: LlamaModel's output head is not found"):
+        chunked_loss_head(LlamaModel(LlamaConfig(**SMALL)))
 
 
 def test_lora_on_the_head_is_refused_before_training(tiny_llama_dir, tmp_path):
