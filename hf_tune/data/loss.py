@@ -60,4 +60,5 @@ class ChunkedCausalLMLoss:
         last = hidden_states[-1]
         targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).to(last.device)
         total = -self.head.target_logprobs(last, targets).sum()
-        return per_item(total, int((targets != IGNORE_INDEX).sum()), num_items_in_batch)
+        trained = int((targets != IGNORE_INDEX).sum()) if num_items_in_batch is None else 0  # Trainer gives it
+        return per_item(total, trained, num_items_in_batch)

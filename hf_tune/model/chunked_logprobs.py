@@ -132,7 +132,9 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                 grad_logits = grad_logits.to(dtype)
                 if need_rows:
                     grad_rows[start:end] = (grad_logits @ w).to(rows.dtype)
-                if need_weight:
+                if need_weight and dtype == torch.float32:
+                    grad_weight.addmm_(grad_logits.T, chunk)  # in place: no [V, H] temporary per chunk
+                elif need_weight:
                     grad_weight += (grad_logits.T @ chunk).float()
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
