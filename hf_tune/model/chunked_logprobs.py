@@ -10,6 +10,7 @@ and Granite (``1 / logits_scaling``). Matrix products run in the inputs' dtype (
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,12 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
+def _autocast_off(device_type: str):
+    """A context where the products run in the dtype chosen by ``_compute_dtype``, not autocast's again."""
+    available = torch.amp.is_autocast_available(device_type)
+    return torch.autocast(device_type, enabled=False) if available else contextlib.nullcontext()
+
+
 def _chunk_logits(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
                   softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One chunk's float32 logits, and d(logits)/d(raw logits) where the head applies more than the identity."""
@@ -91,7 +98,7 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows, weight, bias, targets, chunk_size, logit_scale, softcap, compute_dtype):
-        with torch.autocast(rows.device.type, enabled=False):
+        with _autocast_off(rows.device.type):
             w, b = weight.to(compute_dtype), None if bias is None else bias.to(compute_dtype)
             logprobs = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
             logsumexp = torch.empty_like(logprobs)
@@ -113,7 +120,7 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
         grad_rows = torch.empty_like(rows) if need_rows else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
-        with torch.autocast(rows.device.type, enabled=False):
+        with _autocast_off(rows.device.type):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             for start in range(0, rows.shape[0], ctx.chunk_size):
                 end = min(start + ctx.chunk_size, rows.shape[0])
