@@ -24,6 +24,14 @@ def _world():
     return 0, 1
 
 
+def wait_for_every_rank() -> None:
+    """A barrier of the initialised process group (nothing alone): what every rank wrote before it is on disk."""
+    import torch.distributed as dist
+
+    if _world()[1] > 1:
+        dist.barrier()
+
+
 def decided_on_main(decide):
     """``decide()`` run on the main process only, its result (or its error) given to every process.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
-from hf_tune.runtime.distributed import decided_on_main, ranks_without
+from hf_tune.runtime.distributed import decided_on_main, ranks_without, wait_for_every_rank
 from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,9 @@ class CheckpointMarker(TrainerCallback):
     main process, or each node's with ``save_on_each_node``)."""
 
     def on_save(self, args, state, control, **kwargs):
+        # every rank's part (ZeRO optimizer shards, its RNG state) is written before the marker lists the folder: a
+        # size taken mid-write would leave a good checkpoint counted incomplete forever (every rank calls on_save)
+        wait_for_every_rank()
         if args.should_save:
             # a search trial saves into its own folder under output_dir (Trainer names it with hp_name)
             run_dir = Path(args.output_dir) / (state.trial_name if state.is_hyper_param_search and state.trial_name
