@@ -6,7 +6,7 @@ from __future__ import annotations
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.errors import RecipeError
-from hf_tune.recipe.quantization import _weight_sharding
+from hf_tune.recipe.quantization import weight_sharding
 from hf_tune.recipe.schema import Recipe
 
 KEY = "model.chunked_loss"
@@ -22,7 +22,7 @@ def check_chunked_loss(recipe: Recipe) -> None:
     if not task_of(recipe.model.task).causal:
         raise RecipeError(KEY, f"applies to causal LM training, and model.task is {recipe.model.task!r}",
                           fix="remove model.chunked_loss")
-    sharded = _weight_sharding(recipe)
+    sharded = weight_sharding(recipe)
     if sharded is not None:
         raise RecipeError(KEY, f"reads the LM head's weight outside the model's forward, and {sharded[0]} shards it "
                           f"over ranks ({sharded[1]})", fix="remove model.chunked_loss, or use ZeRO-2 / DDP")

@@ -73,7 +73,7 @@ def _check_combinations(recipe: Recipe, bits: int) -> None:
                           "have no gradients (Trainer refuses it after the model loads)",
                           fix="add a lora section (QLoRA: e.g. lora: {r: 16, target_modules: all-linear}), or remove "
                           f"{KEY} to fine-tune the full-precision model")
-    sharded = _weight_sharding(recipe)
+    sharded = weight_sharding(recipe)
     if sharded is None:
         return
     key, what = sharded
@@ -93,7 +93,7 @@ def _check_combinations(recipe: Recipe, bits: int) -> None:
                           f"model.dtype={target} {KEY}.bnb_4bit_quant_storage={target})")
 
 
-def _weight_sharding(recipe: Recipe) -> tuple[str, str] | None:
+def weight_sharding(recipe: Recipe) -> tuple[str, str] | None:
     """(key, what) when the recipe shards the weights over ranks: DeepSpeed ZeRO-3 or FSDP; else None."""
     deepspeed = recipe.training.get("deepspeed")
     if deepspeed:
