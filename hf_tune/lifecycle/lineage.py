@@ -78,7 +78,7 @@ def base_model(name: str, revision: str | None = None) -> dict[str, Any]:
     found = {"name_or_path": name, "hub_id": base_model_id(name), "revision": revision}
     spec = embedded_spec(name) if name.startswith(PREFIX) else None
     if spec is not None:
-        found["package"] = f"{spec.distribution} {_version(spec.distribution)}"
+        found["package"] = f"{spec.distribution} {package_version(spec.distribution)}"
         if spec.gguf_file:
             found.update(gguf_file=spec.gguf_file, gguf_sha256=spec.gguf_sha256)
     return {k: v for k, v in found.items() if v is not None}
@@ -99,15 +99,16 @@ def embedded_spec(name: str) -> EmbeddedModel | None:
 def package_versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0]}
     for name in PACKAGES:
-        versions[name] = _version(name)
+        versions[name] = package_version(name)
     return versions
 
 
-def _version(name: str) -> str:
+def package_version(name: str, missing: str = "not installed") -> str:
+    """The installed version of a distribution, ``missing`` when it is not installed."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
-        return "not installed"
+        return missing
 
 
 def git_state(folder: Path) -> dict[str, Any]:

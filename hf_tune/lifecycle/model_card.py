@@ -4,7 +4,6 @@ run folder (resolved recipe, metrics). Secrets never reach it: the run's recipe.
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -13,7 +12,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from hf_tune.lifecycle import run_folder
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.lifecycle.lineage import base_model_id  # noqa: F401  (hub.py's and the tests' import)
-from hf_tune.lifecycle.lineage import embedded_spec as _embedded, read_lineage
+from hf_tune.lifecycle.lineage import embedded_spec as _embedded, package_version, read_lineage
 from hf_tune.model.embedded import PREFIX
 from hf_tune.lifecycle.redaction import redact_secrets
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
@@ -82,7 +81,8 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
         *_lineage_lines(lineage),
         "## Framework versions", "",
-        *[f"- {name} {(lineage or {}).get('packages', {}).get(name) or _version(name)}" for name in VERSIONS], "",
+        *[f"- {name} {(lineage or {}).get('packages', {}).get(name) or package_version(name, 'unknown')}"
+          for name in VERSIONS], "",
     ]
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(body))
 
@@ -109,7 +109,7 @@ def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: s
     spec = _embedded(name) if name.startswith(PREFIX) else None
     if spec is None:
         return []
-    package = f"the PyPI package `{spec.distribution}` {_version(spec.distribution)}"
+    package = f"the PyPI package `{spec.distribution}` {package_version(spec.distribution, 'unknown')}"
     if not spec.gguf_file:
         return ["## Base model", "", f"Trained on the copy of `{base}` shipped in {package}.", ""]
     lines = ["## Base model", "",
@@ -143,10 +143,3 @@ def _usage(repo_id: str, lora: bool, task: Task) -> list[str]:
                   "return_dict=True)",
                   "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0]))"]
     return lines
-
-
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "unknown"
