@@ -92,6 +92,15 @@ def _refuse_hub_problem(problem: RepoProblem | None, key: str, revision_key: str
         raise RecipeError(revision_key if problem.revision else key, problem.problem, fix=problem.fix)
 
 
+def _check_evaluation_tasks(recipe: Recipe) -> None:
+    """Each lm-eval task of ``evaluation.tasks`` is known, and offline reads local files or the datasets cache
+    (``hf_tune.evaluation.task_sources``)."""
+    if recipe.evaluation.tasks and importlib.util.find_spec("lm_eval") is not None:
+        from hf_tune.evaluation.task_sources import check_task_sources
+
+        check_task_sources(recipe.evaluation.tasks, lambda: None if hub_is_reachable() else _offline_reason())
+
+
 def _offline_reason() -> str:
     return "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else f"the Hub ({constants.ENDPOINT}) is unreachable"
 
@@ -200,4 +209,5 @@ def _check_wandb_online(recipe: Recipe) -> None:
 
 CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_hub_datasets, _check_fsdp, _check_push, _check_training_arguments,
                                                  _check_search_samples, _check_lora_init,
-                                                 _check_flash_attention_installed, _check_wandb_online)
+                                                 _check_flash_attention_installed, _check_wandb_online,
+                                                 _check_evaluation_tasks)

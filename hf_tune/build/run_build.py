@@ -23,7 +23,11 @@ from hf_tune.data.preference import load_method_data
 from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import stage_errors
 from hf_tune.metrics.evaluation import build_callbacks, build_compute_metrics
+from hf_tune.evaluation.downstream import build_downstream_callbacks
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
+from hf_tune.trainer.mirror import CheckpointMirror
+from hf_tune.trainer.rollback import StepSkips
+from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.model.attention import loaded_attn_implementation
@@ -35,6 +39,7 @@ from hf_tune.recipe.upstream import blame_key
 from hf_tune.catalog.rewards import build_reward_funcs
 from hf_tune.catalog.tasks import task_of
 from hf_tune.trainer.throughput import Throughput
+from hf_tune.trainer.world_size import BatchShape
 from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
 from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.build.training_args import build_training_arguments
@@ -159,12 +164,24 @@ def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] =
     counter and the NaN guard the trainer's hooks feed, the recipe's LRs on resume, then ``extra``: the caller's."""
     callbacks = [
         CheckpointMarker(),
+        *resilience_callbacks(recipe),  # after the marker: the mirror uploads complete checkpoints only
         RecipeToTrackers(recipe),
+        *build_downstream_callbacks(recipe),  # before early stopping; the scores: HfTuneMixin.evaluation_loop
         *build_callbacks(recipe.evaluation),
-        Throughput(causal=task_of(recipe.model.task).causal),  # fed by HfTuneMixin.training_step
+        # fed by HfTuneMixin.training_step; counts tokens, so text tasks only
+        *([Throughput(causal=task_of(recipe.model.task).causal)] if task_of(recipe.model.task).reads_text else []),
+        *([SaveOnSignal()] if saves_on_signal(recipe) else []),  # before the guard: it may ask for a save
         NonFiniteLossGuard(),  # after DefaultFlowCallback: it reads the step's log / save decision
         RecipeHyperparameters(trainer),  # a resume trains with the recipe's LRs (optim/resume.py)
+        BatchShape(),  # each checkpoint records its batch shape, for a resume on another world size
         *extra,
     ]
     for callback in callbacks:
         trainer.add_callback(callback)
+
+
+def resilience_callbacks(recipe: Recipe) -> list[TrainerCallback]:
+    """The ``resilience`` section's: the checkpoint mirror's uploads, the steps a rollback skips."""
+    section = recipe.resilience
+    return ([CheckpointMirror(section.checkpoint_mirror)] if section.checkpoint_mirror else []) + \
+        ([StepSkips()] if section.rollback_on_nonfinite else [])

@@ -10,6 +10,7 @@ from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
 from hf_tune.recipe.chunked_loss_checks import check_chunked_loss
 from hf_tune.recipe.data_checks import check_sources
+from hf_tune.recipe.evaluation_tasks import check_evaluation_tasks, is_task_metric
 from hf_tune.catalog.methods import method_of
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
@@ -36,6 +37,7 @@ def check_consistency(recipe: Recipe, optim_given: bool) -> None:
                           "evaluation reports eval_loss and eval_perplexity", fix="remove evaluation.metrics")
     for name in recipe.evaluation.metrics:
         metric_path(name)
+    check_evaluation_tasks(recipe, task.causal)
     _check_early_stopping(recipe, evaluating)
     check_training_steps(recipe)
     check_sources(recipe)
@@ -111,7 +113,7 @@ def check_search(recipe: Recipe) -> None:
     metrics = search_metrics(search)
     produced = set.intersection(*(_produced_metrics(recipe, name) for name in _searched_methods(recipe)))
     for metric in metrics:
-        if metric not in produced:
+        if metric not in produced and not is_task_metric(metric, recipe.evaluation.tasks):
             raise RecipeError("search.metric", f"{metric!r} is never produced by this recipe" + (
                               " under every searched method" if "method" in search.space else ""),
                               fix=f"use one of {sorted(produced)}")
@@ -172,9 +174,11 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
     best = training.get("metric_for_best_model")
     if best:
         name = best.removeprefix("eval_")
-        if name != "loss" and name not in [m.removesuffix(".py").rsplit("/", 1)[-1] for m in evaluation.metrics]:
+        if (name != "loss" and name not in [m.removesuffix(".py").rsplit("/", 1)[-1] for m in evaluation.metrics]
+                and not is_task_metric(name, evaluation.tasks)):
             raise RecipeError("training.metric_for_best_model", f"{best!r} is not computed at evaluation",
-                              fix=f"add {name!r} to evaluation.metrics, or use 'loss'")
+                              fix=f"add {name!r} to evaluation.metrics, an lm-eval task to evaluation.tasks "
+                              "(eval_<task>_<metric>), or use 'loss'")
     if evaluation.early_stopping_patience is None:
         return
     if not (evaluating and best and training.get("load_best_model_at_end")):

@@ -16,6 +16,8 @@ Sections:
   search    -> hyperparameter search space and study settings     (ours: SearchSection, in recipe/search_section.py)
   tracking  -> project / run name / group / tags for the trackers in training.report_to (ours: TrackingSection)
   profile   -> torch.profiler over a few training steps: wait / warmup / active      (ours: ProfileSection)
+  resilience-> checkpoints mirrored to object storage, roll back on a non-finite loss (ours: ResilienceSection, in
+               recipe/resilience_section.py)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, model_validator
 
 from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
+from hf_tune.recipe.resilience_section import ResilienceSection
 from hf_tune.recipe.search_section import Distribution, SearchSection  # re-exported: the search sections' importers
 from hf_tune.recipe.section import Section as _Section
 
@@ -41,7 +44,7 @@ class ModelSection(_Section):
     pretrained_model_name_or_path: str = Field(
         description="Hub id, local folder, or an embedded model: embedded:SmolLM2-135M-Instruct, embedded:all-MiniLM-L6-v2"
     )
-    task: Literal["causal_lm", "sequence_classification", "reward_model"] = Field(
+    task: Literal["causal_lm", "sequence_classification", "image_classification", "reward_model"] = Field(
         default="causal_lm", description="the model head; default: the method's (reward_model for method: reward)")
     revision: str | None = None
     gguf_file: str | None = None
@@ -52,6 +55,9 @@ class ModelSection(_Section):
                                   "example of a flattened row apart, so packs need no padding; hf_tune.model.attention)")
     trust_remote_code: bool = False
     num_labels: PositiveInt | None = None
+    ignore_mismatched_sizes: bool | None = Field(
+        default=None, description="from_pretrained's: a classification head of another width (a 1000-class ImageNet "
+                                  "head, new classes) is drawn afresh instead of refused")
     logits_to_keep: Literal["trained", "all"] = Field(
         default="trained", description="causal LM training: project onto the vocabulary only the positions whose next "
                                        "token is trained (same loss, less compute and memory), or all positions")
@@ -161,6 +167,15 @@ class EvaluationSection(_Section):
     metrics: list[str] = Field(default_factory=list, description="accuracy, f1 (macro), or a path to an evaluate module")
     early_stopping_patience: PositiveInt | None = None
     early_stopping_threshold: float = Field(default=0.0, ge=0)
+    tasks: list[str] = Field(default_factory=list, description=(
+        "lm-evaluation-harness tasks scored on the model at each evaluation, logged as eval_<task>_<metric>: lm-eval "
+        "task names, hf_tune's shipped hf_tune_arithmetic (offline), or paths to lm-eval task YAMLs"))
+    limit: PositiveFloat | None = Field(default=None, description="lm-eval's limit: examples per task (a fraction if < 1)")
+    num_fewshot: int | None = Field(default=None, ge=0, description="lm-eval's num_fewshot (default: the task's)")
+    batch_size: PositiveInt = Field(default=8, description="lm-eval's batch size")
+    samples: list[str] = Field(default_factory=list, description=(
+        "prompts generated greedily at each evaluation into samples.jsonl and the trackers (chat template applied)"))
+    sample_max_new_tokens: PositiveInt = Field(default=64, description="tokens generated per sample prompt")
 
 
 class HubSection(_Section):
@@ -193,7 +208,8 @@ class ProfileSection(_Section):
     profile_memory: bool = Field(default=False, description="tensor allocations")
 
 
-SECTIONS = ("method", "rewards", "model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile")
+SECTIONS = ("method", "rewards", "model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile",
+            "resilience")
 
 
 @dataclasses.dataclass
@@ -210,6 +226,7 @@ class Recipe:
     search: SearchSection | None = None
     tracking: TrackingSection = dataclasses.field(default_factory=TrackingSection)
     profile: ProfileSection | None = None
+    resilience: ResilienceSection = dataclasses.field(default_factory=ResilienceSection)
     method: str = "sft"
     rewards: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
     source: Path | None = None
@@ -239,5 +256,6 @@ class Recipe:
             "search": self.search.model_dump(exclude_none=True) if self.search else None,
             "tracking": self.tracking.model_dump(exclude_none=True),
             "profile": self.profile.model_dump() if self.profile else None,
+            "resilience": self.resilience.model_dump(exclude_none=True),
         }
         return {k: v for k, v in resolved.items() if v is not None}

@@ -17,7 +17,9 @@ from typing_extensions import override
 from hf_tune.data.loss import ChunkedCausalLMLoss
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
+from hf_tune.evaluation.downstream import DownstreamScores
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
+from hf_tune.trainer.rollback import StepSkips
 from hf_tune.catalog.methods import method_of
 from hf_tune.model.chunked_head import hidden_state_inputs
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
@@ -85,6 +87,9 @@ class HfTuneMixin:
 
     @override
     def training_step(self, model, inputs, num_items_in_batch=None):
+        skips = callback_of(self, StepSkips)  # resilience.rollback_on_nonfinite: this step's batches gave a NaN
+        if skips is not None and skips.skips(self.state.global_step + 1):
+            return skips.skip(self.state.global_step + 1, inputs, self.args.device)
         throughput = self.throughput
         if throughput is not None and isinstance(inputs, Mapping) and "input_ids" in inputs:  # GRPO: prompts only
             counted = inputs
@@ -109,6 +114,18 @@ class HfTuneMixin:
         if loss_guard is not None and model.training:  # recorded on the device, checked at the next log / save
             loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
         return result
+
+    @override
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval"):
+        """Upstream's loop, then the recipe's downstream scores (lm-eval tasks) added to the evaluation's metrics,
+        before they are logged and read by the best-model tracking and early stopping."""
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        downstream = callback_of(self, DownstreamScores)
+        if downstream is not None and metric_key_prefix == "eval":
+            model = self.accelerator.unwrap_model(self.model)
+            output.metrics.update(downstream.metrics(model, self.processing_class, self.accelerator))
+        return output
 
     @override
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
