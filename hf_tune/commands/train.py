@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.build.run_build import Run, build_run
 from hf_tune.trainer.checkpoints import resume_checkpoint
+from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
+from hf_tune.trainer.hooks import callback_of
+from hf_tune.trainer.rollback import StepSkips, earlier_rollbacks, skipped_batches, train_with_rollbacks
+from hf_tune.trainer.world_size import fit_world_size
 from hf_tune.runtime.distributed import check_distributed
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.manifest import now, write_manifest
@@ -25,19 +31,26 @@ from hf_tune.build.training_args import build_training_arguments
 logger = logging.getLogger("hf_tune")
 
 
-def train(recipe: Recipe):
+def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
     """Build everything from the recipe, train (resuming from the newest complete checkpoint unless the recipe says
-    otherwise), and fill the run folder. Returns the trainer."""
+    otherwise), and fill the run folder. Returns the trainer. ``callbacks``: the caller's, attached after hf_tune's.
+    A run stopped by SIGTERM / SIGUSR1 raises ``Preempted`` once its checkpoint is saved (the run is not finished)."""
     started = now()
     args = build_training_arguments(recipe)
     run_dir = Path(args.output_dir)
     check_distributed(args)  # a launch that is not really distributed is refused before the ranks talk
-    resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto")
+    resume = resume_checkpoint(run_dir, recipe.training.get("resume_from_checkpoint") or "auto",
+                               restore=mirror_restore(recipe.resilience.checkpoint_mirror))  # a fresh machine
+    if resume is not None:  # on another world size: the accumulation that keeps the global batch, or a refusal
+        fitted = fit_world_size(recipe, args, Path(resume))
+        if fitted is not recipe:
+            recipe, args = fitted, build_training_arguments(fitted)
     # torch.profiler over the recipe's profiled steps, into RUN_DIR/profile/
     profiler = [StepProfiler(recipe.profile, profile_dir(run_dir))] if recipe.profile is not None else []
-    run = build_run(recipe, args, callbacks=profiler)  # bad data or a bad model fails here, before anything is written
+    run = build_run(recipe, args, callbacks=[*profiler, *callbacks])  # bad data or a bad model fails here, before anything is written
     with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
-        return _train(run, resume, started)
+        with mirror_uploads(run.trainer):  # resilience.checkpoint_mirror: every upload awaited before leaving
+            return _train(run, resume, started)
 
 
 def _train(run: Run, resume: str | None, started: str):
@@ -46,11 +59,13 @@ def _train(run: Run, resume: str | None, started: str):
     main = trainer.is_world_process_zero()
     datasets = lineage_datasets(run)
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
+    rollbacks = earlier_rollbacks(run_dir)  # resilience.rollback_on_nonfinite, in run.json: read before rewriting it
     if main:
         save_resolved_recipe(recipe, run_dir)
-        write_manifest(run_dir, recipe, args, datasets, started)
+        write_manifest(run_dir, recipe, args, datasets, started, rollbacks=rollbacks)
     try:
-        result = trainer.train(resume_from_checkpoint=resume)
+        result = train_with_rollbacks(trainer, resume, recipe.resilience.rollback_on_nonfinite, rollbacks, on_rollback=(
+            lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, rollbacks=done)))
     except ValueError as err:
         if resume is None or "parameter group" not in str(err):  # torch's optimizer load_state_dict checks
             raise
@@ -73,7 +88,8 @@ def _train(run: Run, resume: str | None, started: str):
     trainer.save_state()
     if main:
         write_report(run_dir)
-        write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics)
+        write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics,
+                       rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)))
     return trainer
 
 

@@ -21,8 +21,10 @@ def now() -> str:
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any], start_time: str,
-                   end_time: str | None = None, metrics: dict[str, float] | None = None) -> Path:
-    """Write (or rewrite) ``run_dir/run.json``; ``end_time`` is set only when the run finished."""
+                   end_time: str | None = None, metrics: dict[str, float] | None = None,
+                   rollbacks: list[dict] | None = None) -> Path:
+    """Write (or rewrite) ``run_dir/run.json``; ``end_time`` is set only when the run finished. ``rollbacks``: those
+    of ``resilience.rollback_on_nonfinite`` (kept only when there were some)."""
     import torch
 
     device = str(args.device)
@@ -44,6 +46,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
         "start_time": start_time,
         "end_time": end_time,
         "metrics": metrics or {},
+        **({"rollbacks": rollbacks} if rollbacks else {}),
         "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "WANDB_MODE") if k in os.environ},
     }
     path = run_dir / run_folder.MANIFEST

@@ -17,6 +17,7 @@ from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
                                    ProfileSection, Recipe, SearchSection, TrackingSection)
+from hf_tune.recipe.resilience_section import ResilienceSection
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
 from hf_tune.lifecycle.redaction import refuse_secrets
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
@@ -42,6 +43,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     search = _parse_section(SearchSection, raw["search"], "search") if raw.get("search") is not None else None
     tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
     profile = _parse_section(ProfileSection, raw["profile"] or {}, "profile") if "profile" in raw else None
+    resilience = _parse_section(ResilienceSection, raw.get("resilience") or {}, "resilience")
 
     from peft import LoraConfig
 
@@ -57,7 +59,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    hub=hub, search=search, tracking=tracking, profile=profile, method=method.name,
+                    hub=hub, search=search, tracking=tracking, profile=profile, resilience=resilience, method=method.name,
                     rewards=list(raw.get("rewards") or []), source=source)
     check_method(recipe, raw)
     _check_files(recipe)

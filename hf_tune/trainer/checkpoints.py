@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -55,12 +56,18 @@ def last_complete_checkpoint(output_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def resume_checkpoint(output_dir: Path, mode: str) -> str | None:
+def resume_checkpoint(output_dir: Path, mode: str, restore: Callable[[Path], object] | None = None) -> str | None:
     """What to resume from, by ``training.resume_from_checkpoint``: "auto" (default), "never", or a path.
+    ``restore(output_dir)``: run first under "auto", on the main process (the checkpoint mirror's download).
 
     The main process decides and every rank takes its answer (each rank looking for itself could pick another
     checkpoint, or none, and train from another step); every rank must then see that checkpoint."""
-    choice = decided_on_main(lambda: _choose_checkpoint(output_dir, mode))
+    def decide():
+        if restore is not None and mode == "auto":
+            restore(output_dir)
+        return _choose_checkpoint(output_dir, mode)
+
+    choice = decided_on_main(decide)
     if choice is None:
         return None
     path = Path(mode) if mode not in ("auto", "never") else output_dir / choice  # each rank's own view of it
@@ -121,3 +128,4 @@ class NonFiniteLoss(HfTuneError):
     """Raised when a training step's loss is NaN or infinite; the CLI exits with status 3 (a diverged run)."""
 
     exit_code = EXIT_DIVERGED
+    step: int | None = None  # the first optimizer step (1-based) whose loss was not finite, where the guard knows it

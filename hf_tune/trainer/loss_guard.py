@@ -52,13 +52,15 @@ class NonFiniteLossGuard(TrainerCallback):
         ranks = [rank for rank, step in enumerate(steps) if step == first]
         value = float(self.first_bad_loss) if int(mine) == first else None
         last = last_complete_checkpoint(Path(args.output_dir))
-        raise NonFiniteLoss(
+        error = NonFiniteLoss(
             f"training stopped: the loss at step {first} is "
             + (f"not finite on rank(s) {ranks} (this rank's: {'finite' if value is None else value})" if distributed
                else f"{value} (not finite)")
             + f"\n  last good checkpoint: {last or 'none yet'}\n"
             "  fix: lower training.learning_rate, set training.max_grad_norm, check the data; rerunning the same "
-            "command resumes from the last good checkpoint")
+            "command resumes from the last good checkpoint, or set resilience.rollback_on_nonfinite")
+        error.step = first  # every rank: the same step (resilience.rollback_on_nonfinite skips it)
+        raise error
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.first_bad_step = self.first_bad_loss = None  # each train() (a search trial) starts clean
