@@ -15,7 +15,7 @@ from typing import Any
 @dataclasses.dataclass(frozen=True)
 class Column:
     """A column a format reads. ``kind`` (sft formats, checked on Arrow before tokenizing): string, turns (a list of
-    messages), string|turns, label; None where the normaliser checks the rows itself. ``optional``: may be absent or
+    messages), string|turns, label, image (every image opened and decoded); None where the normaliser checks the rows itself. ``optional``: may be absent or
     null."""
 
     name: str
@@ -78,6 +78,10 @@ FORMATS = {f.name: f for f in (
            (Column("text", _TEXT), Column("text_pair", _TEXT, True), Column("label", "label")),
            "a 'text' string (optional 'text_pair'), and a 'label': a class name or an integer id", None, _SFT,
            ("sequence_classification",), class_labels=True),
+    Format("image_classification", (("image", "label"),), (Column("image", "image"), Column("label", "label")),
+           "an 'image' (an image file's path, relative to the data file's folder, or an image feature) and a "
+           "'label': a class name or an integer id; datasets' imagefolder gives both",
+           None, _SFT, ("image_classification",), class_labels=True),
     Format("preference", (("chosen", "rejected"),),
            tuple(Column(c) for c in ("prompt", "chosen", "rejected", "conversations", "system", "instruction",
                                      "input")),

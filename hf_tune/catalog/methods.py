@@ -46,7 +46,8 @@ class Method:
 
 
 METHODS = {
-    "sft": Method("sft", "transformers:TrainingArguments", None, ("causal_lm", "sequence_classification"),
+    "sft": Method("sft", "transformers:TrainingArguments", None, ("causal_lm", "sequence_classification",
+                                                                  "image_classification"),
                   "supervised fine-tuning (or classification): next-token loss on the trained tokens"),
     "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",),
                   "direct preference optimization on chosen / rejected pairs", reference=True,

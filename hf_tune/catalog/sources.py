@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 LOCAL_DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
+PACKAGED_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder"}
 OFFLINE_MODEL_FIX = ("without Hub access (or with HF_HUB_OFFLINE=1), point it at a local folder with config.json "
                      "and weights (made by save_pretrained, or `hf download ORG/NAME --local-dir DIR` on a machine "
                      "online), or use embedded:SmolLM2-135M-Instruct / embedded:all-MiniLM-L6-v2")

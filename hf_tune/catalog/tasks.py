@@ -14,18 +14,41 @@ class Task:
     name: str
     auto_class: str  # transformers Auto class of the model
     peft_auto_class: str  # peft AutoPeftModel class that loads a saved adapter of it
-    peft_task_type: str  # peft.LoraConfig(task_type=...)
+    peft_task_type: str | None  # peft.LoraConfig(task_type=...); None: PEFT's plain PeftModel
     pipeline_tag: str  # the Hub's pipeline tag on the model card
     causal: bool  # next-token training: label masks, packs, padding-free batches, the trained-positions loss
     eval_metrics: tuple[str, ...]  # what its evaluation reports besides the evaluation section's metrics
     recipe_metrics: bool  # computes evaluation.metrics (argmax of the logits against the labels)
     class_labels: bool  # a head over classes named by the data (id2label / label2id in the model config)
     num_labels: int | None = None  # a head of a fixed width (a reward model's one score)
+    processor: str = "AutoTokenizer"  # transformers Auto class of what turns examples into inputs (processing_class)
+    # "module:function" that turns the raw examples into what the model reads: (raw, processor, data section, class
+    # names, recipe key) -> Dataset; None: the method's own path (causal LM tokenization, TRL's trainers)
+    data_builder: str | None = None
+    collator: str | None = None  # "module:Class" built with the processor; None: padding (text), the causal collator
 
     @property
     def formats(self) -> tuple[str, ...]:
         """The data.format values it trains on (hf_tune.catalog.formats)."""
         return formats_trained_by(self.name)
+
+    @property
+    def reads_text(self) -> bool:
+        """Its processor is a tokenizer (pad token, chat template, embeddings sized to the vocabulary)."""
+        return self.processor == "AutoTokenizer"
+
+    @property
+    def processor_class(self) -> type:
+        return getattr(importlib.import_module("transformers"), self.processor)
+
+    @property
+    def build_data(self):
+        """The data builder, imported on first use."""
+        return _resolve(self.data_builder)
+
+    @property
+    def collator_class(self) -> type | None:
+        return _resolve(self.collator) if self.collator else None
 
     @property
     def model_class(self) -> type:
@@ -43,7 +66,13 @@ TASKS = {
     "sequence_classification": Task(
         "sequence_classification", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification",
         "SEQ_CLS", "text-classification", causal=False, eval_metrics=("eval_loss",),
-        recipe_metrics=True, class_labels=True),
+        recipe_metrics=True, class_labels=True, data_builder="hf_tune.data.classification:tokenize_classification"),
+    # images through the model's image processor, on the fly in the collator (hf_tune.data.images)
+    "image_classification": Task(
+        "image_classification", "AutoModelForImageClassification", "AutoPeftModel", None, "image-classification",
+        causal=False, eval_metrics=("eval_loss",), recipe_metrics=True, class_labels=True,
+        processor="AutoImageProcessor", data_builder="hf_tune.data.images:image_examples",
+        collator="hf_tune.data.images:ImageClassificationCollator"),
     # method: reward (hf_tune.catalog.methods): one score per sequence, trained on chosen / rejected pairs
     "reward_model": Task(
         "reward_model", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification", "SEQ_CLS",
@@ -51,6 +80,11 @@ TASKS = {
         recipe_metrics=False, class_labels=False, num_labels=1),
 }
 DEFAULT_TASK = "causal_lm"
+
+
+def _resolve(dotted: str):
+    module, name = dotted.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def task_of(name: str | None) -> Task:

@@ -90,6 +90,8 @@ def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None]:
     except RecipeError as err:
         if err.key != "model.pretrained_model_name_or_path":
             raise
+        if not task_of(recipe.model.task).reads_text:  # images are counted without the processor (it runs per batch)
+            return build_training_data(recipe, None, args), None
         return None, f"the tokenizer of {recipe.model.pretrained_model_name_or_path} is not at hand ({err.problem})"
     return build_training_data(recipe, tokenizer, args), None
 
@@ -136,13 +138,15 @@ def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
         result["quantized_weights"] = {**weights, "quantization": describe(quantization)}
         result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
     result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
-    tokens = micro_batch_tokens(recipe, args)
+    tokens = micro_batch_tokens(recipe, args) if task_of(recipe.model.task).reads_text else 0
     fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
     checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
                         for key in ("activation_checkpointing", "gradient_checkpointing"))
     fused_loss = bool(recipe.training.get("use_liger_kernel"))  # Liger's loss never holds the full logits
-    activations = activation_memory(model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
-                                    lora_r=(recipe.lora or {}).get("r", 0))
+    # the estimate counts a decoder's tokens: an image model's activations are not estimated (0)
+    activations = 0 if not tokens else activation_memory(
+        model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
+        lora_r=(recipe.lora or {}).get("r", 0))
     setup = recipe_setup(recipe.training)
     result["activations"] = {"bytes": activations, "tokens": tokens, "checkpointing": checkpointing}
     result["setup"] = setup
@@ -214,7 +218,8 @@ def format_plan(result: dict) -> str:
         lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB{mark}")
     act = result["activations"]
     lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB for {act['tokens']:,} tokens a micro-batch "
-                 f"(activation checkpointing {'on' if act['checkpointing'] else 'off'})")
+                 f"(activation checkpointing {'on' if act['checkpointing'] else 'off'})" if act["tokens"] else
+                 "activations: not estimated for image models")
     lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
                  f"(model states + activations + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
     png = result["lr_schedule_png"]

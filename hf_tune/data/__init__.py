@@ -11,7 +11,7 @@ from transformers import DataCollatorWithPadding
 from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
 from hf_tune.model.loading import model_config
 from hf_tune.catalog.tasks import task_of
-from hf_tune.data.classification import label_names, tokenize_classification
+from hf_tune.data.classification import label_names
 from hf_tune.data.formats import format_of
 from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.mixture import build_mixture, source_section
@@ -40,8 +40,9 @@ def dataset_labels(recipe: Recipe) -> list[str] | None:
 
 
 def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str] | None = None) -> Dataset:
-    if format_of(recipe.data.format).class_labels:
-        return tokenize_classification(raw, tokenizer, recipe.data, labels or dataset_labels(recipe), key)
+    task = task_of(recipe.model.task)
+    if task.data_builder and format_of(recipe.data.format).class_labels:
+        return task.build_data(raw, tokenizer, recipe.data, labels or dataset_labels(recipe), key)
     return tokenize_dataset(raw, tokenizer, recipe.data, key)
 
 
@@ -100,7 +101,10 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
     (default: where ``model_class`` supports it and it saves compute, see below), with the trained-positions mask when ``model.logits_to_keep:
     trained`` and the model's forward takes ``logits_to_keep``. ``attn_implementation``: what the built model
     runs (it decides once, when it loads); without a model, what it will choose."""
-    causal = task_of(recipe.model.task).causal
+    task = task_of(recipe.model.task)
+    causal = task.causal
+    if task.collator_class is not None:  # the task's own (images through the processor)
+        return task.collator_class(tokenizer)
     if not causal:
         return DataCollatorWithPadding(tokenizer)
     config = model_config(recipe) if model_class is not None else None  # its layer kinds, for the packing probe

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
+from hf_tune.data.images import as_images
 from hf_tune.data.validation import check_examples
 from hf_tune.errors import RecipeError, describe_exception
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns
@@ -44,6 +45,7 @@ def load_source(source: DatasetSource, key: str, format: str | None = None, stre
     if source.columns:
         dataset = map_columns(dataset, source.columns, key, describe_source(source))
     if format is not None:
+        dataset = as_images(dataset, format, files[0].parent if files else None)
         one_jsonl = len(files) == 1 and files[0].suffix == ".jsonl"
         check_examples(dataset, format, key, describe_source(source),
                        line_of=(lambda row: line_of_row(files[0], row)) if one_jsonl else None)
@@ -89,7 +91,7 @@ def describe_source(source: DatasetSource) -> str:
     if Path(source.path).is_file():
         return source.path
     if source.path in PACKAGED_BUILDERS:
-        return f"{source.path} files {source.data_files}"
+        return f"{source.path} files {source.data_files or source.data_dir}"
     return f"dataset {source.path!r} (split {source.split!r})"
 
 

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from datasets import ClassLabel, Dataset, Value
 
 from hf_tune.data.formats import Format, check_columns, format_of, row_refusal
+from hf_tune.data.images import check_images
 from hf_tune.data.messages import SHAREGPT_ROLES
 
 TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
@@ -37,6 +38,9 @@ def check_examples(dataset: Dataset, format: str, key: str, where: str,
     check_columns(format, dataset.column_names, key, where)
     spec, refuse = format_of(format), row_refusal(format, key, where, len(dataset), line_of)
     for column, kind, optional in column_rules(format, dataset.column_names):
+        if kind == "image":  # every image opened and decoded (hf_tune.data.images)
+            check_images(dataset, column, refuse)
+            continue
         if _fits_arrow(dataset, column, kind, optional):
             continue
         for row, value in enumerate(dataset[column]):

@@ -31,8 +31,13 @@ def resolve_model_path(name: str) -> str:
 
 
 def build_tokenizer(recipe: Recipe):
-    m = recipe.model
+    """The tokenizer, or the processor of a task that reads more than text (``Task.processor``: an image
+    processor), as the model's files hold it."""
+    m, task = recipe.model, task_of(recipe.model.task)
     path = resolve_model_path(m.pretrained_model_name_or_path)
+    if not task.reads_text:
+        with stage_errors(_blame_model_key(recipe), f"loading the {task.processor}"):
+            return _from_pretrained(task.processor_class, path, recipe, **_source_kwargs(m))
     with stage_errors(_blame_model_key(recipe), "loading the tokenizer"):
         tokenizer = _from_pretrained(AutoTokenizer, path, recipe, **_source_kwargs(m))
     if tokenizer.pad_token is None:
@@ -53,7 +58,8 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
     m, task = recipe.model, task_of(recipe.model.task)
     path = resolve_model_path(m.pretrained_model_name_or_path)
     kwargs = {**_source_kwargs(m), "dtype": m.dtype, "attn_implementation": m.attn_implementation,
-              "num_labels": m.num_labels, "device_map": m.device_map}
+              "num_labels": m.num_labels, "device_map": m.device_map,
+              "ignore_mismatched_sizes": m.ignore_mismatched_sizes}
     if m.quantization_config:
         kwargs["quantization_config"] = bitsandbytes_config(m.quantization_config)
     if task.num_labels is not None:  # a fixed head (a reward model's one score)
@@ -78,6 +84,8 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
                 and default_attn_implementation(task.causal, type(model), model.config) == SDPA_VARLEN):
             _choose_attention(model, recipe)  # flash attention on a GPU where installed, else sdpa_varlen
+    if not task.reads_text:  # an image processor: no pad token, no vocabulary to fit
+        tokenizer = None
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     new_ids = new_token_ids(tokenizer) if tokenizer is not None else []

@@ -17,8 +17,10 @@ from torch import nn
 from hf_tune.errors import HfTuneError
 
 # Block lists of the common families, PEFT-wrapped or not: BERT/RoBERTa/DeBERTa `encoder.layer`,
-# Llama/Mistral/Qwen/Gemma `model.layers`, GPT-2 `transformer.h`; anything else: the longest list of identical blocks.
-KNOWN_BLOCK_LISTS = re.compile(r"(^|\.)(encoder\.layer|model\.layers|transformer\.h|layers|blocks)$")
+# Llama/Mistral/Qwen/Gemma `model.layers`, GPT-2 `transformer.h`, ViT `vit.layers`, ConvNeXt's stages
+# `encoder.stages`; anything else: the longest list of identical blocks. A list inside a block of another list (a
+# ConvNeXt stage's layers, an MoE layer's experts) is part of that block, never the blocks themselves.
+KNOWN_BLOCK_LISTS = re.compile(r"(^|\.)(encoder\.layer|model\.layers|transformer\.h|layers|blocks|stages)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +39,10 @@ def find_blocks(model: nn.Module) -> tuple[str, int] | None:
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1:
             candidates.append((bool(KNOWN_BLOCK_LISTS.search(name)), len(module), name))
-    if not candidates:
+    outer = [c for c in candidates if not any(c[2].startswith(f"{other}.") for _, _, other in candidates)]
+    if not outer:
         return None
-    _, length, name = max(candidates)  # a known name first, then the longest
+    _, length, name = max(outer)  # a known name first, then the longest
     return name, length
 
 

@@ -256,6 +256,6 @@ class Recipe:
             "search": self.search.model_dump(exclude_none=True) if self.search else None,
             "tracking": self.tracking.model_dump(exclude_none=True),
             "profile": self.profile.model_dump() if self.profile else None,
-            "resilience": self.resilience.model_dump(exclude_none=True),
+            "resilience": self.resilience.model_dump(exclude_defaults=True) or None,  # only when it asks for something
         }
         return {k: v for k, v in resolved.items() if v is not None}

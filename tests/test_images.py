@@ -1,0 +1,187 @@
+"""Image classification: a tiny ViT learns coloured shapes drawn here, LLRD over ViT blocks and ConvNeXt stages,
+bad images refused by file and row, the shipped recipe plans offline."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from conftest import REPO
+from hf_tune import load_recipe, train
+from hf_tune.errors import RecipeError
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220)}
+LEARNING_RATE, DECAY, VIT_LAYERS = 3e-3, 0.5, 3
+
+
+def draw(rng: random.Random, colour: tuple[int, int, int]) -> Image.Image:
+    """A square, circle or triangle of ``colour`` (jittered) at a random place and size on a light background."""
+    image = Image.new("RGB", (24, 24), tuple(rng.randint(200, 255) for _ in range(3)))
+    side = rng.randint(8, 12)
+    x, y = rng.randint(0, 24 - side), rng.randint(0, 24 - side)
+    fill = tuple(max(0, min(255, c + rng.randint(-30, 30))) for c in colour)
+    box, shape = (x, y, x + side, y + side), rng.choice(("square", "circle", "triangle"))
+    draw_on = ImageDraw.Draw(image)
+    if shape == "square":
+        draw_on.rectangle(box, fill=fill)
+    elif shape == "circle":
+        draw_on.ellipse(box, fill=fill)
+    else:
+        draw_on.polygon([(x, y + side), (x + side, y + side), (x + side // 2, y)], fill=fill)
+    return image
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """An imagefolder: train (24 a class) and test (10 a class), the class the shape's colour."""
+    root, rng = tmp_path_factory.mktemp("shapes"), random.Random(0)
+    for split, count in (("train", 24), ("test", 10)):
+        for name, colour in COLOURS.items():
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                draw(rng, colour).save(root / split / name / f"{i}.png")
+    return root
+
+
+def save_tiny(folder, kind: str) -> str:
+    """A random tiny ViT (3 blocks) or ConvNeXt (2 stages), with its (slow, PIL) image processor, at 16x16 pixels."""
+    import torch
+    from transformers import (ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessorPil, ViTConfig,
+                              ViTForImageClassification, ViTImageProcessorPil)
+
+    torch.manual_seed(0)
+    if kind == "vit":
+        config = ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=VIT_LAYERS,
+                           num_attention_heads=2, intermediate_size=64)
+        ViTForImageClassification(config).save_pretrained(folder)
+        ViTImageProcessorPil(size={"height": 16, "width": 16}).save_pretrained(folder)
+    else:
+        config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 2], num_stages=2, image_size=16)
+        ConvNextForImageClassification(config).save_pretrained(folder)
+        ConvNextImageProcessorPil(size={"shortest_edge": 16}).save_pretrained(folder)
+    return str(folder)
+
+
+def overrides(model: str, shapes, out, **more) -> list[str]:
+    """The shipped recipe, on a tiny model and the drawn set."""
+    values = {"model.pretrained_model_name_or_path": model, "data.train.data_dir": shapes,
+              "data.eval.data_dir": shapes, "training.output_dir": out, "training.learning_rate": LEARNING_RATE,
+              "optim.layerwise_lr_decay": DECAY, "training.disable_tqdm": "true", "training.save_strategy": "no",
+              "training.load_best_model_at_end": "false", "training.logging_steps": 50,
+              "model.ignore_mismatched_sizes": "true", **more}  # the tiny models have 2 classes, the drawn set 3
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+@pytest.fixture(scope="module")
+def vit_run(shapes, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vit-run")
+    model = save_tiny(tmp_path_factory.mktemp("vit"), "vit")
+    trainer = train(load_recipe(REPO / "recipes/image_classifier.yaml",
+                                overrides(model, shapes, out / "run", **{"training.num_train_epochs": 6})))
+    return trainer, out / "run"
+
+
+@pytest.mark.slow
+def test_a_tiny_vit_from_random_weights_learns_the_colours_well_above_chance(vit_run, shapes):
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    trainer, run = vit_run
+    model = AutoModelForImageClassification.from_pretrained(run).eval()
+    processor = AutoImageProcessor.from_pretrained(run)  # saved beside the model
+    assert sorted(model.config.label2id) == sorted(COLOURS)  # the folder names
+    correct = total = 0
+    for name in COLOURS:
+        files = sorted((shapes / "test" / name).glob("*.png"))
+        with torch.no_grad():
+            logits = model(**processor([Image.open(f) for f in files], return_tensors="pt")).logits
+        correct += sum(model.config.id2label[i] == name for i in logits.argmax(-1).tolist())
+        total += len(files)
+    accuracy = correct / total  # chance: 1/3
+    print(f"ViT accuracy on the drawn test set: {accuracy:.3f} ({correct}/{total})")
+    assert accuracy >= 2 / 3, accuracy  # twice chance; measured 0.833 (25 of 30) with seed 0
+    reported = json.loads((run / "eval_results.json").read_text())
+    assert reported["eval_accuracy"] == pytest.approx(accuracy)  # the recipe's metric agrees with the count here
+
+
+@pytest.mark.slow
+def test_per_block_learning_rates_of_the_vit_follow_the_decay(vit_run):
+    trainer, _ = vit_run
+    model = trainer.model
+    lr_of = {id(p): group["initial_lr"] for group in trainer.optimizer.param_groups for p in group["params"]}  # peaks
+    for name, param in model.named_parameters():
+        block = re.match(r"vit\.layers\.(\d+)\.", name)
+        depth = 0 if name.startswith("vit.embeddings.") else int(block.group(1)) + 1 if block else VIT_LAYERS + 1
+        expected = LEARNING_RATE * DECAY ** (VIT_LAYERS + 1 - depth)
+        assert lr_of[id(param)] == pytest.approx(expected), name
+
+
+@pytest.mark.slow
+def test_a_convnext_trains_and_decays_by_stage(shapes, tmp_path):
+    from hf_tune.commands.plan import plan
+
+    model = save_tiny(tmp_path / "convnext", "convnext")
+    recipe = load_recipe(REPO / "recipes/image_classifier.yaml",
+                         overrides(model, shapes, tmp_path / "run", **{"training.max_steps": 2}))
+    groups = plan(recipe, out_dir=tmp_path / "plan")["groups"]
+    # depth 0: the stem; 1 and 2: the stages (each with its nested layers and downsampling); 3: final norm + head
+    counted = {depth: sum(g["params"] for g in groups if g["depth"] == depth) for depth in range(4)}
+    from transformers import AutoModelForImageClassification
+
+    built = AutoModelForImageClassification.from_pretrained(model, num_labels=3, ignore_mismatched_sizes=True)
+    expected = {0: 0, 1: 0, 2: 0, 3: 0}
+    for name, param in built.named_parameters():
+        stage = re.match(r"convnext\.encoder\.stages\.(\d+)\.", name)
+        expected[0 if "embeddings" in name else int(stage.group(1)) + 1 if stage else 3] += param.numel()
+    assert counted == expected
+    assert {g["depth"]: g["lr"] for g in groups} == {d: pytest.approx(LEARNING_RATE * DECAY ** (3 - d))
+                                                     for d in range(4)}
+    trainer = train(recipe)
+    evaluated = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert trainer.state.global_step == 2 and np.isfinite(evaluated["eval_loss"]) and "eval_f1" in evaluated
+
+
+def bad_images(folder) -> dict[str, tuple[str, str]]:
+    """A JSON Lines set whose 3rd row is bad: (its image path, the words the refusal must hold), per kind of fault."""
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), "red").save(folder / "good.png")
+    (folder / "garbage.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    Image.fromarray(np.full((8, 8), 40000, dtype=np.uint16)).save(folder / "deep.png")  # mode I;16
+    return {"missing": ("gone.png", "no such image file"), "unreadable": ("garbage.png", "not a readable image"),
+            "mode": ("deep.png", "mode 'I;16'")}
+
+
+@pytest.mark.parametrize("fault", ["missing", "unreadable", "mode"])
+def test_a_bad_image_is_refused_before_training_naming_file_and_row(fault, tmp_path):
+    from hf_tune.data.loading import load_source
+    from hf_tune.recipe.schema import DatasetSource
+
+    path, words = bad_images(tmp_path / "images")[fault]
+    rows = [{"image": "images/good.png", "label": "red"}] * 2 + [{"image": f"images/{path}", "label": "blue"}]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(RecipeError) as caught:
+        load_source(DatasetSource(path=str(data)), "data.train", "image_classification")
+    message = str(caught.value)
+    assert "data.train" in message and str(tmp_path / "images" / path) in message and words in message
+    assert "line 3 (example 3 of 3)" in message and "column 'image'" in message
+
+
+def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
+    from hf_tune.commands.plan import format_plan, plan
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for module in ("hf_tune.runtime.network", "hf_tune.build.preflight", "hf_tune.model.loading"):
+        monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
+    recipe = load_recipe(REPO / "recipes/image_classifier.yaml", [f"training.output_dir={tmp_path}"])
+    result = plan(recipe, out_dir=tmp_path)
+    assert result["examples"] == 36  # examples/data/shapes/train: 12 a class, counted without the processor
+    peaks = {row["depth"]: row["lr"] for row in result["groups"]}
+    assert peaks == {d: pytest.approx(2e-4 * 0.75 ** (13 - d)) for d in range(14)}  # ViT-B: 12 blocks
+    assert "not estimated for image models" in format_plan(result)
