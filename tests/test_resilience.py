@@ -59,6 +59,14 @@ def test_a_mirror_url_with_credentials_is_refused_without_echoing_them(tmp_path,
     raw["resilience"] = {"rollback_on_nonfinit": 1}
     with pytest.raises(RecipeError, match="did you mean 'rollback_on_nonfinite'"):
         load_recipe(raw)
+    raw["resilience"] = {"rollback_on_nonfinite": 1}
+    raw["training"]["deepspeed"] = "zero2"
+    with pytest.raises(RecipeError, match="^resilience.rollback_on_nonfinite: is not supported under DeepSpeed"):
+        load_recipe(raw)
+    del raw["training"]["deepspeed"]
+    assert load_recipe(raw).to_dict()["resilience"] == {"rollback_on_nonfinite": 1}
+    raw.pop("resilience")
+    assert "resilience" not in load_recipe(raw).to_dict()  # recipe.yaml keeps the section only when it is used
 
 
 def test_only_a_completely_uploaded_mirror_checkpoint_is_restored(tmp_path, s3_stand_in):

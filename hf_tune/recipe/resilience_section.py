@@ -52,3 +52,16 @@ class ResilienceSection(Section):
 
 # fsspec's backends that live in packages of their own (the others ship with fsspec)
 _FSSPEC_BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+def check_resilience(recipe) -> None:
+    """The section against the rest of the recipe (a ``Recipe``; called when the recipe loads)."""
+    section = recipe.resilience
+    if section.checkpoint_mirror and recipe.search is not None:
+        raise RecipeError("resilience.checkpoint_mirror", "every trial of a search would upload its checkpoints to "
+                          "the same mirror", fix="mirror single runs; leave it out of a search recipe")
+    if section.rollback_on_nonfinite and recipe.training.get("deepspeed"):
+        raise RecipeError("resilience.rollback_on_nonfinite", "is not supported under DeepSpeed (its engine steps "
+                          "inside the backward pass that a skipped step leaves out)",
+                          fix="leave resilience.rollback_on_nonfinite at 0 with training.deepspeed (DDP and a "
+                              "single process support it)")

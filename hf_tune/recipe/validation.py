@@ -17,7 +17,7 @@ from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
                                    ProfileSection, Recipe, SearchSection, TrackingSection)
-from hf_tune.recipe.resilience_section import ResilienceSection
+from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
 from hf_tune.lifecycle.redaction import refuse_secrets
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
@@ -64,6 +64,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     check_method(recipe, raw)
     _check_files(recipe)
     check_consistency(recipe, optim_given="optim" in raw)
+    check_resilience(recipe)
     if recipe.search is not None:
         _check_search_space(recipe)
         check_search(recipe)
