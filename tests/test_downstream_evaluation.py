@@ -68,6 +68,18 @@ def lm_eval_cli(checkpoint: Path, out: Path) -> dict:
     return json.loads(results.read_text())["results"][TASK]
 
 
+def lm_eval_in_process(checkpoint: Path) -> dict:
+    """lm-eval's ``simple_evaluate`` loading the checkpoint itself (its ``hf`` model by path)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={checkpoint},dtype=float32", device="cpu",
+                                      tasks=[TASK], limit=LIMIT, batch_size=4, bootstrap_iters=0,
+                                      task_manager=TaskManager(include_path=str(SHIPPED_TASKS_DIR),
+                                                               include_defaults=False))
+    return results["results"][TASK]
+
+
 def test_the_logged_score_equals_lm_evals_cli_on_the_saved_checkpoint(scored_run, tmp_path):
     run_dir, _, history = scored_run
     first = evaluations(history)[0]
@@ -153,3 +165,27 @@ def test_a_hub_task_is_refused_offline_naming_the_task_and_the_fix(tmp_path, tin
     raw["evaluation"]["tasks"] = [TASK]  # the shipped task loads offline
     raw["training"]["metric_for_best_model"] = METRIC
     load_recipe(raw)
+
+
+def test_an_optuna_study_on_a_downstream_score_records_it_per_trial_and_keeps_the_argmax(tmp_path, tiny_llama_dir):
+    import yaml
+
+    from hf_tune import search
+
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "study", max_steps=2, eval_strategy="steps", eval_steps=2,
+                      save_strategy="steps", save_steps=2, learning_rate=1e-3, seed=0)
+    raw["data"]["eval_split"] = 0.05
+    raw["evaluation"] = {"tasks": [TASK], "limit": LIMIT, "batch_size": 4}
+    raw["search"] = {"space": {"training.learning_rate": {"type": "categorical", "choices": [1e-4, 5e-2]}},
+                     "metric": METRIC, "n_trials": 2, "sampler": "grid", "pruner": "none"}
+    result = search(load_recipe(raw))
+
+    trials = result["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
+    for t in trials:  # the study's value is lm-eval's own score of the trial's saved model
+        checkpoint = tmp_path / "study" / f"trial-{t['number']}" / "checkpoint-2"
+        assert t["values"][0] == pytest.approx(lm_eval_in_process(checkpoint)["acc,none"], abs=1e-9)
+    best = max(trials, key=lambda t: t["values"][0])
+    assert result["best"][0]["values"][0] == best["values"][0]  # maximised: higher accuracy is better
+    best_raw = yaml.safe_load(Path(result["best_recipe"]).read_text())
+    assert best_raw["training"]["learning_rate"] == result["best"][0]["params"]["training.learning_rate"]
