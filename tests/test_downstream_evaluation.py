@@ -189,3 +189,45 @@ def test_an_optuna_study_on_a_downstream_score_records_it_per_trial_and_keeps_th
     assert result["best"][0]["values"][0] == best["values"][0]  # maximised: higher accuracy is better
     best_raw = yaml.safe_load(Path(result["best_recipe"]).read_text())
     assert best_raw["training"]["learning_rate"] == result["best"][0]["params"]["training.learning_rate"]
+
+
+def test_hf_tune_eval_of_a_checkpoint_equals_the_in_process_score_and_refuses_incomplete_ones(scored_run):
+    from hf_tune.commands.evaluate import evaluate_run
+
+    run_dir, _, history = scored_run
+    first = evaluations(history)[0]
+    [line] = evaluate_run(run_dir, checkpoint=first["step"], device="cpu", dtype="float32")
+    assert line["step"] == first["step"] and line["scores"][METRIC] == first[METRIC]
+    assert json.loads((run_dir / "eval_scores.jsonl").read_text().splitlines()[-1]) == line
+    (run_dir / "checkpoint-99").mkdir()  # no completeness marker
+    with pytest.raises(HfTuneError, match="checkpoint-99: not a complete checkpoint"):
+        evaluate_run(run_dir, checkpoint=99)
+
+
+@pytest.mark.slow
+def test_eval_watch_scores_each_checkpoint_of_a_run_in_progress_and_report_plots_them(tmp_path, tiny_llama_dir):
+    from conftest import write_recipe
+
+    run_dir = tmp_path / "run"
+    raw = chat_recipe(tiny_llama_dir, run_dir, max_steps=3, save_strategy="steps", save_steps=1, learning_rate=3e-2,
+                      seed=0)
+    recipe = write_recipe(tmp_path / "recipe.yaml", raw)
+    venv = Path(sys.executable).parent
+    watcher = subprocess.Popen([str(venv / "hf-tune"), "eval", str(run_dir), "--watch", "--tasks", TASK, "--limit",
+                                str(LIMIT), "--batch-size", "4", "--interval", "0.5", "--device", "cpu"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subprocess.run([sys.executable, "-m", "hf_tune.run", str(recipe)], check=True, capture_output=True, timeout=300)
+    out, err = watcher.communicate(timeout=300)
+    assert watcher.returncode == 0, err[-2000:]
+
+    lines = [json.loads(line) for line in (run_dir / "eval_scores.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]  # every checkpoint, once, in order
+    assert [json.loads(line) for line in out.splitlines() if line.startswith("{")] == lines
+    for line in (lines[0], lines[-1]):  # lm-eval's own score of the same checkpoint
+        theirs = lm_eval_in_process(run_dir / line["checkpoint"])
+        assert line["scores"][METRIC] == pytest.approx(theirs["acc,none"], abs=1e-9)
+
+    from hf_tune.lifecycle.report import watched_scores, write_report
+
+    assert [e[f"{METRIC} (checkpoint)"] for e in watched_scores(run_dir)] == [l["scores"][METRIC] for l in lines]
+    assert run_dir / "eval_metrics.png" in write_report(run_dir)  # the run logs no eval metric of its own

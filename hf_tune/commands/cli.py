@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -80,6 +81,18 @@ def _report(args) -> None:
 
     for path in write_report(args.run_dir):
         print(path)
+
+
+def _eval(args) -> None:
+    from hf_tune.commands.evaluate import evaluate_run
+
+    tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+    lines = evaluate_run(args.run_dir, checkpoint=args.checkpoint, watch=args.watch, interval=args.interval,
+                         device=args.device, dtype=args.dtype, tasks=tasks, limit=args.limit,
+                         num_fewshot=args.num_fewshot, batch_size=args.batch_size)
+    if not args.watch:  # --watch prints each line as it is scored
+        for line in lines:
+            print(json.dumps(line))
 
 
 def _merge(args) -> None:
@@ -212,6 +225,18 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--data", default="data/train.jsonl", help="chat data (JSONL of messages) for data.train.path"),
         option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)"))),
     "report": Verb(_report, "plot a run's loss, learning rates and eval metrics into PNG files", options=(RUN_DIR,)),
+    "eval": Verb(_eval, "lm-eval scores of a run, one checkpoint, or (--watch) each new complete checkpoint of a run "
+                 "in progress, into RUN_DIR/eval_scores.jsonl", options=(
+        option("run_dir", help="a run folder (its recipe's evaluation.tasks), or a model folder with --tasks"),
+        option("--checkpoint", type=int, default=None, metavar="N", help="score checkpoint-N (complete ones only)"),
+        option("--watch", action="store_true", help="score each complete checkpoint as it appears, until the run ends"),
+        option("--interval", type=float, default=10.0, help="seconds between looks for new checkpoints (--watch)"),
+        option("--tasks", default=None, help="comma-separated lm-eval tasks or task YAMLs (default: the recipe's)"),
+        option("--limit", type=float, default=None, help="examples per task (a fraction if < 1)"),
+        option("--num-fewshot", type=int, default=None),
+        option("--batch-size", type=int, default=None),
+        option("--device", default=None, help="default: cuda, mps or cpu"),
+        option("--dtype", default=None, help="default: bfloat16 on a GPU that has it, else float32"))),
     "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
         RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),
         option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "

@@ -27,6 +27,15 @@ def training_state(run_dir: Path) -> Path:
     return checkpoint / run_folder.TRAINER_STATE
 
 
+def watched_scores(run_dir: Path) -> list[dict]:
+    """The checkpoints' scores of ``hf-tune eval`` (``eval_scores.jsonl``) as log entries, each metric named
+    ``<name> (checkpoint)`` beside the in-process ones."""
+    path = run_dir / run_folder.WATCHED_SCORES
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return [{"step": line["step"], **{f"{k} (checkpoint)": v for k, v in line["scores"].items()}}
+            for line in lines if line.get("step") is not None]
+
+
 def write_report(run_dir: str | Path) -> list[Path]:
     """loss.png (train and eval loss), lr.png (Trainer's LR, lowest and highest group), eval_metrics.png (other eval
     metrics), when the history has them. Returns the files written."""
@@ -36,9 +45,9 @@ def write_report(run_dir: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    history = json.loads(training_state(run_dir).read_text())["log_history"]
+    history = json.loads(training_state(run_dir).read_text())["log_history"] + watched_scores(run_dir)
     eval_keys = sorted({k for e in history for k in e if k.startswith("eval_") and k not in (
-        "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")})
+        "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_downstream_runtime")})
     figures = {
         run_folder.LOSS_PLOT: (["loss", "eval_loss"], "loss"),
         run_folder.LR_PLOT: (["learning_rate", "lr_min", "lr_max"], "learning rate"),
