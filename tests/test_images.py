@@ -185,3 +185,30 @@ def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
     peaks = {row["depth"]: row["lr"] for row in result["groups"]}
     assert peaks == {d: pytest.approx(2e-4 * 0.75 ** (13 - d)) for d in range(14)}  # ViT-B: 12 blocks
     assert "not estimated for image models" in format_plan(result)
+
+
+def test_images_held_as_bytes_with_renamed_columns_load_and_a_corrupt_one_is_named_by_row(tmp_path):
+    """A Parquet file of image bytes, as Hub image datasets are stored, read through ``columns``."""
+    from datasets import Dataset, Image as ImageFeature
+
+    from hf_tune.data.images import image_examples
+    from hf_tune.data.loading import load_source
+    from hf_tune.recipe.schema import DataSection, DatasetSource
+
+    rng = random.Random(1)
+    images = [draw(rng, COLOURS[name]) for name in ("red", "blue", "red")]
+    rows = Dataset.from_dict({"img": images, "fine_label": ["red", "blue", "red"]}).cast_column("img", ImageFeature())
+    rows.to_parquet(tmp_path / "good.parquet")
+    source = DatasetSource(path=str(tmp_path / "good.parquet"), columns={"image": "img", "label": "fine_label"})
+    examples = image_examples(load_source(source, "data.train", "image_classification"), None,
+                              DataSection(train=source, format="image_classification"), ["blue", "red"], "data.train")
+    assert examples["labels"] == [1, 0, 1]  # ids in the order of the class names given
+    assert np.array_equal(np.asarray(examples[1]["pixel_values"]), np.asarray(images[1]))
+
+    broken = rows.cast_column("img", ImageFeature(decode=False)).map(
+        lambda row, i: {"img": {"bytes": row["img"]["bytes"][:60] if i == 1 else row["img"]["bytes"], "path": None}},
+        with_indices=True)
+    broken.to_parquet(tmp_path / "broken.parquet")
+    with pytest.raises(RecipeError, match=r"example 2 of 3, column 'image': the image bytes is not a readable image"):
+        load_source(source.model_copy(update={"path": str(tmp_path / "broken.parquet")}), "data.train",
+                    "image_classification")
