@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 EXIT_FAILURE = 1  # any other failure: an unexpected exception (its traceback is printed), Python's own status
 EXIT_USAGE = 2  # a usage or recipe error (HfTuneError, RecipeError): argparse's status for a bad command line too
 EXIT_DIVERGED = 3  # the run diverged: a training loss was NaN or infinite (NonFiniteLoss)
+EXIT_PREEMPTED = 75  # stopped by SIGTERM / SIGUSR1 after saving a complete checkpoint: rerun to resume (EX_TEMPFAIL)
 
 
 class HfTuneError(Exception):

@@ -109,6 +109,9 @@ def build_training_arguments(recipe: Recipe) -> TrainingArguments:
     """The method's config class (``TrainingArguments``, or TRL's ``DPOConfig`` and the like) from the recipe."""
     kwargs = training_kwargs(recipe)
     init_cpu_deepspeed(kwargs)
+    # hf_tune saves on SIGTERM / SIGUSR1 itself (trainer/preemption.py, attached by attach_callbacks); upstream's
+    # callback would also take SIGTERM, on each rank alone, and without our checkpoint marker
+    kwargs["enable_jit_checkpoint"] = False
     try:
         return method_of(recipe.method).config(**kwargs)
     except (ValueError, TypeError, ImportError) as err:

@@ -15,6 +15,7 @@ from hf_tune.model.meta import config_model_class
 from hf_tune.recipe.schema import Recipe
 from hf_tune.catalog.tasks import task_of
 from hf_tune.build.training_args import computes_in_half_precision, training_kwargs
+from hf_tune.trainer.preemption import saves_on_signal
 
 MARK = "  # hf_tune's default"
 
@@ -24,6 +25,7 @@ def hf_tune_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
     training = {key: value for key, value in training_kwargs(recipe).items()
                 if key not in recipe.training and key not in ("run_name", "project")}  # those two: tracking's
     training.setdefault("resume_from_checkpoint", "auto")
+    training.setdefault("enable_jit_checkpoint", saves_on_signal(recipe))
     defaults = {"training": training}
     if not method_of(recipe.method).uses_trl and task_of(recipe.model.task).causal:
         attention, padding_free = _attention_and_padding_free(recipe)
