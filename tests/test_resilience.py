@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from conftest import DATA, REPO, chat_recipe, free_port
 from test_checkpoints import assert_same_run, crash_recipe, launch, run_to_end, uninterrupted, wait_for  # noqa: F401
@@ -198,3 +201,45 @@ def test_a_nan_step_is_rolled_back_and_skipped(tmp_path, poisoned, nan_step):
     assert [losses[log["step"]] for log in before if "loss" in log] == [log["loss"] for log in before if "loss" in log]
     assert losses[nan_step] == 0.0  # the skipped step: no batch trained, Trainer logs its zero loss
     assert math.isfinite(manifest["metrics"]["train_loss"]) and manifest["end_time"]
+
+
+class PoisonedGradient(TrainerCallback):
+    """Makes one parameter's gradient NaN in the backward pass of optimizer step ``step``, the first time only: the
+    loss stays finite."""
+
+    def __init__(self, step: int):
+        self.step, self.fired = step, False
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not getattr(self, "hooked", False):
+            self.hooked = True
+            weight = model.get_input_embeddings().weight
+            weight.register_hook(lambda grad: self.poison(grad, state))
+
+    def poison(self, grad, state):
+        if state.global_step + 1 == self.step and not self.fired:
+            self.fired = True
+            return grad * float("nan")
+        return grad
+
+
+def test_a_nan_gradient_under_a_finite_loss_is_rolled_back_and_its_step_changes_nothing(tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=6, save_strategy="steps", save_steps=1,
+                      max_grad_norm=0.0)  # no clipping: the NaN reaches the optimizer unchanged
+    raw["resilience"] = {"rollback_on_nonfinite": 1}
+    poison = PoisonedGradient(step=5)
+    trainer = train(load_recipe(raw), callbacks=[poison])
+    assert poison.fired
+    rollback, = json.loads((tmp_path / "run" / "run.json").read_text())["rollbacks"]
+    assert rollback["step"] == 5 and rollback["checkpoint"] == "checkpoint-4"
+    assert [b["step"] for b in rollback["skipped_batches"]] == [5]
+    assert all(math.isfinite(log["loss"]) for log in trainer.state.log_history if "loss" in log)
+    # the skipped step left the weights and Adam's moments and step counts exactly as checkpoint-4 had them
+    before, after = (tmp_path / "run" / "checkpoint-4", tmp_path / "run" / "checkpoint-5")
+    weights = load_file(before / "model.safetensors"), load_file(after / "model.safetensors")
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    moments = [torch.load(c / "optimizer.pt", weights_only=True)["state"] for c in (before, after)]
+    assert moments[0].keys() == moments[1].keys() and all(
+        torch.equal(moments[0][i][name], moments[1][i][name]) for i in moments[0] for name in moments[0][i])
+    final = load_file(tmp_path / "run" / "model.safetensors")
+    assert not torch.equal(final["model.norm.weight"], weights[1]["model.norm.weight"])  # step 6 trained

@@ -162,16 +162,17 @@ def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] =
     """Every callback hf_tune runs, decided and attached here and nowhere else, after Trainer's own (the flow and
     the trackers of ``report_to``): checkpoint markers, the recipe to the trackers, early stopping, the throughput
     counter and the NaN guard the trainer's hooks feed, the recipe's LRs on resume, then ``extra``: the caller's."""
+    guard = NonFiniteLossGuard()
     callbacks = [
         CheckpointMarker(),
-        *resilience_callbacks(recipe),  # after the marker: the mirror uploads complete checkpoints only
+        *resilience_callbacks(recipe, guard),  # after the marker: the mirror uploads complete checkpoints only
         RecipeToTrackers(recipe),
         *build_downstream_callbacks(recipe),  # before early stopping; the scores: HfTuneMixin.evaluation_loop
         *build_callbacks(recipe.evaluation),
         # fed by HfTuneMixin.training_step; counts tokens, so text tasks only
         *([Throughput(causal=task_of(recipe.model.task).causal)] if task_of(recipe.model.task).reads_text else []),
         *([SaveOnSignal()] if saves_on_signal(recipe) else []),  # before the guard: it may ask for a save
-        NonFiniteLossGuard(),  # after DefaultFlowCallback: it reads the step's log / save decision
+        guard,  # after DefaultFlowCallback: it reads the step's log / save decision
         RecipeHyperparameters(trainer),  # a resume trains with the recipe's LRs (optim/resume.py)
         BatchShape(),  # each checkpoint records its batch shape, for a resume on another world size
         *extra,
@@ -180,8 +181,9 @@ def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] =
         trainer.add_callback(callback)
 
 
-def resilience_callbacks(recipe: Recipe) -> list[TrainerCallback]:
-    """The ``resilience`` section's: the checkpoint mirror's uploads, the steps a rollback skips."""
+def resilience_callbacks(recipe: Recipe, guard: NonFiniteLossGuard) -> list[TrainerCallback]:
+    """The ``resilience`` section's: the checkpoint mirror's uploads, the steps a rollback skips (which also feeds
+    each step's gradient norm to the NaN guard)."""
     section = recipe.resilience
     return ([CheckpointMirror(section.checkpoint_mirror)] if section.checkpoint_mirror else []) + \
-        ([StepSkips()] if section.rollback_on_nonfinite else [])
+        ([StepSkips(guard)] if section.rollback_on_nonfinite else [])

@@ -1,7 +1,7 @@
-"""Roll back instead of dying (``resilience.rollback_on_nonfinite``): a non-finite loss reloads the last complete
-checkpoint, skips the optimizer step whose batches gave it, and training goes on.
+"""Roll back instead of dying (``resilience.rollback_on_nonfinite``): a non-finite loss or gradient reloads the last
+complete checkpoint, skips the optimizer step whose batches gave it, and training goes on.
 
-The NaN guard (``loss_guard.py``) raises ``NonFiniteLoss`` on every rank with the first bad step S, before anything
+The NaN guard (``loss_guard.py``, fed each loss and, here, each step's gradient norm) raises ``NonFiniteLoss`` on every rank with the first bad step S, before anything
 of it is logged or saved. ``train_with_rollbacks`` catches it and calls Trainer's public
 ``train(resume_from_checkpoint=<last complete checkpoint>)`` again, on the same trainer: weights, optimizer,
 scheduler, RNG states and the data position come back from the checkpoint, so steps up to S - 1 replay exactly. At
@@ -27,17 +27,28 @@ from transformers import TrainerCallback
 from hf_tune.lifecycle import run_folder
 from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.trainer.checkpoints import NonFiniteLoss, last_complete_checkpoint
+from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 
 logger = logging.getLogger(__name__)
 
 
 class StepSkips(TrainerCallback):
     """The optimizer steps whose batches are skipped (1-based global steps), and what was skipped. A callback so
-    that the trainer's hooks find it (``HfTuneMixin.training_step``), like the NaN guard."""
+    that the trainer's hooks find it (``HfTuneMixin.training_step``), like the NaN guard. Before each optimizer step
+    it feeds the gradients' total norm to the NaN guard (on the device, no host sync), so that a non-finite gradient
+    under a finite loss rolls back too, and at its own step."""
 
-    def __init__(self, steps: set[int] | None = None):
+    def __init__(self, guard: NonFiniteLossGuard | None = None, steps: set[int] | None = None):
+        self.guard = guard
         self.steps: set[int] = set(steps or ())
         self.skipped: list[dict] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.guard is None or model is None:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if grads:  # this rank's gradients: all of them under DDP (averaged), its shards under FSDP
+            self.guard.add(torch.nn.utils.get_total_norm(grads), state.global_step + 1)
 
     def skips(self, step: int) -> bool:
         return step in self.steps
