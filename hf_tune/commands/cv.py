@@ -61,7 +61,9 @@ def kfold_splits(recipe: Recipe, folds: int, key: str = "--folds") -> Folds:
 def train_fold(recipe: Recipe, folds: Folds, k: int, output_dir: Path, resume: str | None = None):
     """Train ``recipe`` on every fold but ``k`` into ``output_dir`` (from checkpoint ``resume`` when given) and
     evaluate on fold k (its own tracker run); returns the trainer and its evaluation metrics."""
-    fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(output_dir)})
+    # each fold its own folder; resilience.checkpoint_mirror names one place, so folds are not mirrored
+    fold = dataclasses.replace(recipe, training={**recipe.training, "output_dir": str(output_dir)},
+                               resilience=recipe.resilience.model_copy(update={"checkpoint_mirror": None}))
     run = build_run(fold, data=folds.data(k))
     with tracking_scope(fold, Path(run.args.output_dir), run.trainer):  # each fold its own tracker run
         run.trainer.train(resume_from_checkpoint=resume)
