@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
-from hf_tune.errors import RecipeError
+from hf_tune.errors import EXIT_PREEMPTED, RecipeError
 from hf_tune.lifecycle.mlflow_run import log_run_folder_artifacts, run_folder_mlflow_uri, start_mlflow_run
 from hf_tune.recipe.schema import Recipe
 from hf_tune.lifecycle.redaction import redact_secrets
@@ -97,7 +97,7 @@ def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None, datasets: dict |
     eval datasets)."""
     saved = {key: os.environ.get(key) for key in TRACKER_ENV}
     before = _open_tracker_runs()
-    failed, mlflow_run_id = True, None
+    status, mlflow_run_id = "FAILED", None  # MLflow's name for how the run ended
     try:
         configure_tracking(recipe, run_dir)
         main = trainer.is_world_process_zero() if trainer is not None else int(os.environ.get("RANK", "0")) == 0
@@ -106,11 +106,14 @@ def tracking_scope(recipe: Recipe, run_dir: Path, trainer=None, datasets: dict |
                 datasets = {"train": trainer.train_dataset, "eval": trainer.eval_dataset} if trainer is not None else {}
             mlflow_run_id = start_mlflow_run(recipe, run_dir, trainer.args if trainer is not None else None, datasets)
         yield
-        failed = False
+        status = "FINISHED"
+    except BaseException as err:  # a run stopped by a signal (trainer/preemption.py) is not failed: MLflow's KILLED
+        status = "KILLED" if getattr(err, "exit_code", None) == EXIT_PREEMPTED else "FAILED"
+        raise
     finally:
         if mlflow_run_id is not None:
             log_run_folder_artifacts(run_dir, mlflow_run_id)
-        closed = _finish_tracker_runs(recipe, before, failed)
+        closed = _finish_tracker_runs(recipe, before, status)
         if trainer is not None:
             for callback in closed:
                 trainer.remove_callback(callback)
@@ -132,7 +135,7 @@ def _reports_to(recipe: Recipe, tracker: str) -> bool:
     return tracker in targets or "all" in targets
 
 
-def _finish_tracker_runs(recipe: Recipe, before: dict[str, object], failed: bool = False) -> list[type]:
+def _finish_tracker_runs(recipe: Recipe, before: dict[str, object], status: str = "FINISHED") -> list[type]:
     """Close the runs opened since ``before`` by the trackers the recipe reports to; their callback classes."""
     from transformers.integrations import MLflowCallback, WandbCallback
 
@@ -146,7 +149,7 @@ def _finish_tracker_runs(recipe: Recipe, before: dict[str, object], failed: bool
     if _reports_to(recipe, "mlflow") and mlflow is not None and before["mlflow"] is None:
         if mlflow.active_run() is not None:
             mlflow.flush_async_logging()  # Trainer's callback logs metrics asynchronously
-            mlflow.end_run("FAILED" if failed else "FINISHED")
+            mlflow.end_run(status)
         closed.append(MLflowCallback)
     return closed
 

@@ -48,11 +48,14 @@ class SaveOnSignal(TrainerCallback):
             self.received = signum
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.received = self.stop_step = None
-        self._group = _flag_group(args)
+        self.stop_step = None
+        if self._group is None:
+            self._group = _flag_group(args)
         if threading.current_thread() is not threading.main_thread():
             logger.warning("training.enable_jit_checkpoint: not in the main thread, where signals are handled; "
                            "a SIGTERM will not save a checkpoint")
+            return
+        if self._previous:  # still ours: train() again after an exception (a rollback), a signal kept
             return
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
