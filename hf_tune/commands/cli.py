@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -84,15 +83,9 @@ def _report(args) -> None:
 
 
 def _eval(args) -> None:
-    from hf_tune.commands.evaluate import evaluate_run
+    from hf_tune.commands.evaluate import eval_command
 
-    tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
-    lines = evaluate_run(args.run_dir, checkpoint=args.checkpoint, watch=args.watch, interval=args.interval,
-                         device=args.device, dtype=args.dtype, tasks=tasks, limit=args.limit,
-                         num_fewshot=args.num_fewshot, batch_size=args.batch_size)
-    if not args.watch:  # --watch prints each line as it is scored
-        for line in lines:
-            print(json.dumps(line))
+    eval_command(args)
 
 
 def _merge(args) -> None:
@@ -233,10 +226,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--interval", type=float, default=10.0, help="seconds between looks for new checkpoints (--watch)"),
         option("--tasks", default=None, help="comma-separated lm-eval tasks or task YAMLs (default: the recipe's)"),
         option("--limit", type=float, default=None, help="examples per task (a fraction if < 1)"),
-        option("--num-fewshot", type=int, default=None),
-        option("--batch-size", type=int, default=None),
-        option("--device", default=None, help="default: cuda, mps or cpu"),
-        option("--dtype", default=None, help="default: bfloat16 on a GPU that has it, else float32"))),
+        option("--num-fewshot", type=int, default=None), option("--batch-size", type=int, default=None),
+        option("--device", default=None), option("--dtype", default=None))),
     "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
         RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),
         option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "

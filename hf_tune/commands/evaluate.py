@@ -112,6 +112,17 @@ def watch_run(run_dir: Path, harness, interval: float, device: str | None, dtype
             time.sleep(interval)
 
 
+def eval_command(args) -> None:
+    """``hf-tune eval``'s arguments to ``evaluate_run``; each scored line printed as JSON."""
+    tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+    lines = evaluate_run(args.run_dir, checkpoint=args.checkpoint, watch=args.watch, interval=args.interval,
+                         device=args.device, dtype=args.dtype, tasks=tasks, limit=args.limit,
+                         num_fewshot=args.num_fewshot, batch_size=args.batch_size)
+    if not args.watch:  # --watch prints each line as it is scored
+        for line in lines:
+            print(json.dumps(line))
+
+
 def _load_named(name: str, device: str | None, dtype: str | None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
