@@ -148,6 +148,8 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "grpo_empty_parquet": "data.train",
     "model_flash_attention_missing": "model.attn_implementation",
     "training_save_steps_not_multiple": "training.save_steps",
+    "image_missing_file": "data.train",
+    "vision_chat_missing_image": "data.train",
 }
 
 EXPECTED_TEXT = {  # what the message says besides the key: where in the file, and what was expected
@@ -178,6 +180,10 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
     "text_broken_json_array": ["data/text_broken.json: line 3, column 12: not valid JSON"],
     "text_binary_csv": ["data/binary.csv: line 1, column"],
     "text_not_parquet": ["data/not_parquet.parquet: not a Parquet file"],
+    "image_missing_file": ["data/images_missing.jsonl, line 2 (example 2 of 2), column 'image': no such image file: "
+                           "data/images/gone.png"],
+    "vision_chat_missing_image": ["data/vision_chat_missing.jsonl, line 2 (example 2 of 2), column 'images': image 1: "
+                                  "no such image file: data/images/gone.png"],
     "classification_null_label": ["line 2 (example 2 of 2), column 'label': is missing (null)"],
     "classification_float_label": ["column 'label': expected a class name (string) or a class id (integer), got a "
                                    "number (0.5)"],
@@ -292,7 +298,7 @@ def test_the_corpus_covers_every_section_and_every_data_format():
     data_cases = [r["data"] for r in recipes]
     formats = {r["data"].get("format") or METHODS[r.get("method", "sft")].formats[0] for r in recipes}
     assert formats == {"chat", "instruction", "prompt_completion", "text", "classification", "preference",
-                       "unpaired_preference", "prompt_only"}
+                       "unpaired_preference", "prompt_only", "image_classification", "vision_chat"}
     sharegpt = [d for d in data_cases if isinstance(d["train"], dict) and "sharegpt" in d["train"]["path"]]
     assert sharegpt  # chat data in both shapes: messages and ShareGPT conversations
     paths = [d["train"]["path"] for d in data_cases if isinstance(d["train"], dict)]

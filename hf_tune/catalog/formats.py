@@ -82,6 +82,12 @@ FORMATS = {f.name: f for f in (
            "an 'image' (an image file's path, relative to the data file's folder, or an image feature) and a "
            "'label': a class name or an integer id; datasets' imagefolder gives both",
            None, _SFT, ("image_classification",), class_labels=True),
+    Format("vision_chat", (("messages",), ("conversations",)),
+           (Column("messages"), Column("conversations"), Column("images", "images", True)),
+           "'messages' whose content holds {'type': 'image'} / {'type': 'text', 'text': ...} parts (TRL), or string "
+           "content with <image> markers (LLaMA-Factory's mllm_demo), or ShareGPT 'conversations'; and an 'images' "
+           "list (file paths relative to the data file's folder, or image features), one per image place",
+           None, _SFT, ("image_text_to_text",)),
     Format("preference", (("chosen", "rejected"),),
            tuple(Column(c) for c in ("prompt", "chosen", "rejected", "conversations", "system", "instruction",
                                      "input")),

@@ -47,7 +47,7 @@ class Method:
 
 METHODS = {
     "sft": Method("sft", "transformers:TrainingArguments", None, ("causal_lm", "sequence_classification",
-                                                                  "image_classification"),
+                                                                  "image_classification", "image_text_to_text"),
                   "supervised fine-tuning (or classification): next-token loss on the trained tokens"),
     "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",),
                   "direct preference optimization on chosen / rejected pairs", reference=True,

@@ -26,6 +26,7 @@ class Task:
     # names, recipe key) -> Dataset; None: the method's own path (causal LM tokenization, TRL's trainers)
     data_builder: str | None = None
     collator: str | None = None  # "module:Class" built with the processor; None: padding (text), the causal collator
+    vision_language: bool = False  # a vision tower beside a language model (frozen unless model.train_vision_tower)
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -73,6 +74,13 @@ TASKS = {
         causal=False, eval_metrics=("eval_loss",), recipe_metrics=True, class_labels=True,
         processor="AutoImageProcessor", data_builder="hf_tune.data.images:image_examples",
         collator="hf_tune.data.images:ImageClassificationCollator"),
+    # vision-language chat: the processor's chat template and image tokens; the model's own loss on the assistant's
+    # tokens (hf_tune.data.vision_chat); the vision tower frozen unless model.train_vision_tower
+    "image_text_to_text": Task(
+        "image_text_to_text", "AutoModelForImageTextToText", "AutoPeftModel", None, "image-text-to-text",
+        causal=False, eval_metrics=("eval_loss",), recipe_metrics=False, class_labels=False,
+        processor="AutoProcessor", data_builder="hf_tune.data.vision_chat:vision_chat_examples",
+        collator="hf_tune.data.vision_chat:VisionChatCollator", vision_language=True),
     # method: reward (hf_tune.catalog.methods): one score per sequence, trained on chosen / rejected pairs
     "reward_model": Task(
         "reward_model", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification", "SEQ_CLS",

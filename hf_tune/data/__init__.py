@@ -41,7 +41,7 @@ def dataset_labels(recipe: Recipe) -> list[str] | None:
 
 def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str] | None = None) -> Dataset:
     task = task_of(recipe.model.task)
-    if task.data_builder and format_of(recipe.data.format).class_labels:
+    if task.data_builder:
         return task.build_data(raw, tokenizer, recipe.data, labels or dataset_labels(recipe), key)
     return tokenize_dataset(raw, tokenizer, recipe.data, key)
 
@@ -75,14 +75,14 @@ def _build_training_data(recipe: Recipe, tokenizer, rank: int = 0, world_size: i
             evaluation = tokenize_dataset(load_source(data.eval, "data.eval", section.format), tokenizer, section,
                                           "data.eval")
         return TrainingData(build_stream(data, tokenizer, data_seed(recipe), rank, world_size), evaluation, None)
-    if not format_of(recipe.data.format).class_labels:
+    if not task_of(recipe.model.task).data_builder:  # the causal LM formats: mixtures, packs
         mixture = build_mixture(recipe.data, tokenizer, data_seed(recipe))
         train = mixture.train
         if recipe.data.batch_tokens:
             train = pack_by_token_budget(train, recipe.data.batch_tokens, data_seed(recipe))
         return TrainingData(train, mixture.eval, None, mixture.sources)
     source = load_source(recipe.data.train, "data.train", recipe.data.format)
-    labels = label_names(source)
+    labels = label_names(source) if format_of(recipe.data.format).class_labels else None
     raw_train, raw_eval = load_raw_datasets(recipe.data, data_seed(recipe), train=source)
     train = tokenize(recipe, tokenizer, raw_train, "data.train", labels)
     evaluation = tokenize(recipe, tokenizer, raw_eval, "data.eval", labels) if raw_eval is not None else None

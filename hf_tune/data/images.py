@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import PIL.Image
-from datasets import ClassLabel, Dataset, Image, Value
+from datasets import ClassLabel, Dataset, Image, List, Value
 
 from hf_tune.data.formats import check_columns, format_of
 from hf_tune.errors import RecipeError, describe_exception, stage_errors
@@ -25,40 +25,59 @@ HIGH_DEPTH_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 _DRAFT_SIZE = (64, 64)  # JPEGs decode at a reduced scale for the check: every byte is still read
 
 
-def image_columns(format: str) -> list[str]:
-    """The columns of ``format`` that hold images."""
-    return [column.name for column in format_of(format).columns if column.kind == "image"]
+IMAGE_KINDS = ("image", "images")  # Column kinds: one image a row, a list of images a row
+
+
+def image_columns(format: str) -> list[tuple[str, str]]:
+    """(column, kind) of the columns of ``format`` that hold images."""
+    return [(column.name, column.kind) for column in format_of(format).columns if column.kind in IMAGE_KINDS]
 
 
 def as_images(dataset: Dataset, format: str, base: Path | None) -> Dataset:
-    """Each image column of ``format`` as a datasets ``Image`` feature: a column of file paths is cast to one, a
-    relative path read from ``base`` (the data file's folder), as imagefolder's metadata files read theirs."""
-    for column in image_columns(format):
-        if column not in dataset.column_names or isinstance(dataset.features[column], Image):
+    """Each image column of ``format`` as datasets ``Image`` features (a list of them for kind ``images``): file
+    paths are cast, a relative path read from ``base`` (the data file's folder), as imagefolder's metadata files read
+    theirs."""
+    for column, kind in image_columns(format):
+        if column not in dataset.column_names or _is_images(dataset.features[column], kind):
             continue
-        feature = dataset.features[column]
-        if isinstance(feature, Value) and feature.dtype in ("string", "large_string") and base is not None:
-            dataset = dataset.map(lambda paths: {column: [_under(base, p) for p in paths]}, batched=True,
+        if base is not None and _holds_strings(dataset.features[column], kind):
+            relocate = (lambda p: _under(base, p)) if kind == "image" else (
+                lambda ps: None if ps is None else [_under(base, p) for p in ps])
+            dataset = dataset.map(lambda values: {column: [relocate(v) for v in values]}, batched=True,
                                   input_columns=[column], desc=f"Locating the images of {column!r}")
         try:
-            dataset = dataset.cast_column(column, Image())
+            dataset = dataset.cast_column(column, Image() if kind == "image" else List(Image()))
         except (TypeError, ValueError):
             pass  # a column of another type: check_images names the first row that is not an image
     return dataset
+
+
+def _is_images(feature, kind: str) -> bool:
+    return isinstance(feature, Image) if kind == "image" else isinstance(feature, List) and isinstance(
+        feature.feature, Image)
+
+
+def _holds_strings(feature, kind: str) -> bool:
+    if kind == "images":
+        feature = feature.feature if isinstance(feature, List) else None
+    return isinstance(feature, Value) and feature.dtype in ("string", "large_string")
 
 
 def _under(base: Path, path: str | None) -> str | None:
     return path if path is None or Path(path).is_absolute() else str(base / path)
 
 
-def check_images(dataset: Dataset, column: str, refuse: Callable[[int, str, str], Any]) -> None:
+def check_images(dataset: Dataset, column: str, refuse: Callable[[int, str, str], Any], kind: str = "image") -> None:
     """Open and decode every image of ``column``; ``refuse(row, column, problem)`` for the first that fails."""
-    if not isinstance(dataset.features[column], Image):
-        refuse(0, column, f"expected an image (a file path or an image feature), got a {dataset.features[column]}")
-    for row, value in enumerate(dataset.cast_column(column, Image(decode=False))[column]):
-        problem = image_problem(value)
-        if problem:
-            refuse(row, column, problem)
+    if not _is_images(dataset.features[column], kind):
+        refuse(0, column, f"expected {'an image' if kind == 'image' else 'a list of images'} (file paths or image "
+                          f"features), got a {dataset.features[column]}")
+    undecoded = Image(decode=False) if kind == "image" else List(Image(decode=False))
+    for row, value in enumerate(dataset.cast_column(column, undecoded)[column]):
+        for number, one in enumerate([value] if kind == "image" else value or []):
+            problem = image_problem(one)
+            if problem:
+                refuse(row, column, problem if kind == "image" else f"image {number + 1}: {problem}")
 
 
 def image_problem(value: dict[str, Any] | None) -> str | None:

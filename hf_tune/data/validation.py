@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from datasets import ClassLabel, Dataset, Value
 
 from hf_tune.data.formats import Format, check_columns, format_of, row_refusal
-from hf_tune.data.images import check_images
+from hf_tune.data.images import IMAGE_KINDS, check_images
 from hf_tune.data.messages import SHAREGPT_ROLES
 
 TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
@@ -38,8 +38,8 @@ def check_examples(dataset: Dataset, format: str, key: str, where: str,
     check_columns(format, dataset.column_names, key, where)
     spec, refuse = format_of(format), row_refusal(format, key, where, len(dataset), line_of)
     for column, kind, optional in column_rules(format, dataset.column_names):
-        if kind == "image":  # every image opened and decoded (hf_tune.data.images)
-            check_images(dataset, column, refuse)
+        if kind in IMAGE_KINDS:  # every image opened and decoded (hf_tune.data.images)
+            check_images(dataset, column, refuse, kind)
             continue
         if _fits_arrow(dataset, column, kind, optional):
             continue

@@ -15,6 +15,7 @@ from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_
 from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
                                       trainable_token_indices)
 from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
+from hf_tune.model.vision import freeze_vision_tower, freezes_vision, lora_section
 from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
@@ -84,8 +85,10 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
                 and default_attn_implementation(task.causal, type(model), model.config) == SDPA_VARLEN):
             _choose_attention(model, recipe)  # flash attention on a GPU where installed, else sdpa_varlen
-    if not task.reads_text:  # an image processor: no pad token, no vocabulary to fit
+    if not task.reads_text:  # a processor: no pad token, no vocabulary to fit
         tokenizer = None
+    if freezes_vision(recipe):
+        logger.info("vision tower frozen: %d parameters (model.train_vision_tower: false)", freeze_vision_tower(model))
     if tokenizer is not None and model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     new_ids = new_token_ids(tokenizer) if tokenizer is not None else []
@@ -117,7 +120,7 @@ def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
     tokens added for the chat template, whose embedding rows train through ``trainable_token_indices``."""
     from peft import LoraConfig, get_peft_model
 
-    lora = dict(recipe.lora)
+    lora = lora_section(model, recipe)  # the vision tower kept out unless model.train_vision_tower
     if new_token_ids and not _lora_trains_embeddings(lora):
         lora["trainable_token_indices"] = trainable_token_indices(model, new_token_ids)
 

@@ -10,6 +10,7 @@ import torch
 
 from hf_tune.errors import RecipeError
 from hf_tune.model.loading import model_config
+from hf_tune.model.vision import freeze_vision_tower, freezes_vision, lora_section
 from hf_tune.recipe.schema import Recipe
 from hf_tune.catalog.tasks import task_of
 
@@ -81,8 +82,11 @@ def build_meta_model(recipe: Recipe, labels: list[str] | None = None):
     try:
         with torch.device("meta"):
             model = cls(config)
+            if freezes_vision(recipe):
+                freeze_vision_tower(model)
             if recipe.lora is not None:
-                model = get_peft_model(model, LoraConfig(task_type=task.peft_task_type, **recipe.lora))
+                model = get_peft_model(model, LoraConfig(task_type=task.peft_task_type,
+                                                         **lora_section(model, recipe)))
     finally:
         torch.set_default_dtype(previous)
     return model

@@ -44,7 +44,8 @@ class ModelSection(_Section):
     pretrained_model_name_or_path: str = Field(
         description="Hub id, local folder, or an embedded model: embedded:SmolLM2-135M-Instruct, embedded:all-MiniLM-L6-v2"
     )
-    task: Literal["causal_lm", "sequence_classification", "image_classification", "reward_model"] = Field(
+    task: Literal["causal_lm", "sequence_classification", "image_classification", "image_text_to_text",
+                  "reward_model"] = Field(
         default="causal_lm", description="the model head; default: the method's (reward_model for method: reward)")
     revision: str | None = None
     gguf_file: str | None = None
@@ -58,6 +59,9 @@ class ModelSection(_Section):
     ignore_mismatched_sizes: bool | None = Field(
         default=None, description="from_pretrained's: a classification head of another width (a 1000-class ImageNet "
                                   "head, new classes) is drawn afresh instead of refused")
+    train_vision_tower: bool = Field(
+        default=False, description="task image_text_to_text: the vision tower and its projector train too (LoRA "
+                                   "adapts them, a full fine-tune updates them); default: only the language model")
     logits_to_keep: Literal["trained", "all"] = Field(
         default="trained", description="causal LM training: project onto the vocabulary only the positions whose next "
                                        "token is trained (same loss, less compute and memory), or all positions")

@@ -1,0 +1,159 @@
+"""Vision-language SFT: a tiny random Idefics3 (SmolVLM's architecture) with a processor around the embedded
+SmolLM2 tokenizer; assistant-only labels against an independent mask, TRL's and LLaMA-Factory's layouts, LoRA on
+the language model with the vision tower frozen, a real Trainer run, the shipped recipe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from conftest import REPO
+from hf_tune import load_recipe, train
+from hf_tune.errors import RecipeError
+
+# SmolVLM's chat template (HuggingFaceTB/SmolVLM-256M-Instruct)
+TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]"
+            "['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if "
+            "line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}"
+            "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+COLOURS = ("red", "green", "blue")
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory, smol_tokenizer) -> str:
+    """Idefics3: a 1-layer vision tower (32x32 pixels, 8x8 patches: 4 image tokens after pixel shuffle), a 2-layer
+    Llama, SmolLM2's tokenizer with the image tokens added, SmolVLM's template; no image splitting."""
+    import copy
+
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, LlamaConfig
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    folder = tmp_path_factory.mktemp("tiny-vlm")
+    tokenizer = copy.deepcopy(smol_tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]})
+    images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 32},
+                                       max_image_size={"longest_edge": 32})
+    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
+                      chat_template=TEMPLATE).save_pretrained(folder)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id)
+    config = Idefics3Config(vision_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                           "intermediate_size": 64, "image_size": 32, "patch_size": 8},
+                            text_config=text.to_dict(), scale_factor=2,
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(0)
+    Idefics3ForConditionalGeneration(config).save_pretrained(folder)
+    return str(folder)
+
+
+def write_images(folder) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for colour in COLOURS:
+        image = Image.new("RGB", (24, 24), "white")
+        image.paste(Image.new("RGB", (12, 12), colour), (6, 6))
+        image.save(folder / f"{colour}.png")
+    return [f"images/{colour}.png" for colour in COLOURS]
+
+
+def trl_rows(paths: list[str]) -> list[dict]:
+    """TRL's layout: image parts in the content, the images beside; the last row has two turns."""
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image"},
+                                                       {"type": "text", "text": "What colour is the square?"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": colour}]}],
+             "images": [path]} for colour, path in zip(COLOURS, paths)]
+    rows[-1]["messages"] += [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]},
+                             {"role": "assistant", "content": [{"type": "text", "text": "Yes, blue."}]}]
+    return rows
+
+
+def mllm_demo_rows(paths: list[str], copies: int = 4) -> list[dict]:
+    """LLaMA-Factory's mllm_demo layout: string content with <image> markers, and an images list."""
+    return [{"messages": [{"role": "user", "content": "<image>What colour is the square?"},
+                          {"role": "assistant", "content": colour}], "images": [path]}
+            for _ in range(copies) for colour, path in zip(COLOURS, paths)]
+
+
+def recipe_overrides(model: str, data, out, **more) -> list[str]:
+    values = {"model.pretrained_model_name_or_path": model, "data.train.path": data, "training.output_dir": out,
+              "data.eval_split": "null", "training.eval_strategy": "no", "training.save_strategy": "no",
+              "training.disable_tqdm": "true", "training.per_device_train_batch_size": 3,
+              "training.gradient_accumulation_steps": 1, "training.learning_rate": 1e-3, "training.logging_steps": 1,
+              **more}
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def independent_labels(tokenizer, ids: list[int]) -> list[int]:
+    """-100 everywhere but each assistant answer: the tokens after each 'Assistant:' up to and including the
+    '<end_of_utterance>' and newline that close it (found in the ids, without the template or the code's spans)."""
+    opener = tokenizer("\nAssistant:", add_special_tokens=False)["input_ids"][1:]  # 'Ass', 'istant', ':'
+    closer = tokenizer.convert_tokens_to_ids("<end_of_utterance>")
+    labels, i = [-100] * len(ids), 0
+    while i < len(ids):
+        if ids[i: i + len(opener)] == opener:
+            start = i + len(opener)
+            end = ids.index(closer, start) + 2  # the closing marker and its newline
+            labels[start:end] = ids[start:end]
+            i = end
+        else:
+            i += 1
+    return labels
+
+
+def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path):
+    from transformers import AutoProcessor
+
+    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.data import build_training_data
+
+    paths = write_images(tmp_path / "images")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in trl_rows(paths)))
+    recipe = load_recipe(REPO / "recipes/vlm_lora.yaml", recipe_overrides(tiny_vlm, data, tmp_path / "run"))
+    processor = AutoProcessor.from_pretrained(tiny_vlm)
+    examples = build_training_data(recipe, processor, build_training_arguments(recipe)).train
+    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    for example in examples:
+        assert example["labels"] == independent_labels(processor.tokenizer, example["input_ids"])
+        assert example["input_ids"].count(image_id) == 4  # the processor's image tokens, none trained
+    trained = [processor.tokenizer.decode([t for t in ex["labels"] if t != -100]) for ex in examples]
+    assert trained == [" red<end_of_utterance>\n", " green<end_of_utterance>\n",
+                       " blue<end_of_utterance>\n Yes, blue.<end_of_utterance>\n"]
+
+
+def test_a_row_whose_markers_and_images_disagree_is_refused_by_row(tiny_vlm, tmp_path):
+    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.data import build_training_data
+    from transformers import AutoProcessor
+
+    paths = write_images(tmp_path / "images")
+    rows = mllm_demo_rows(paths, copies=1)
+    rows[1]["images"] = paths[:2]
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps(rows))
+    recipe = load_recipe(REPO / "recipes/vlm_lora.yaml", recipe_overrides(tiny_vlm, data, tmp_path / "run"))
+    with pytest.raises(RecipeError, match=r"example 2 of 3, column 'messages': 1 image places .* but 2 images"):
+        build_training_data(recipe, AutoProcessor.from_pretrained(tiny_vlm), build_training_arguments(recipe))
+
+
+@pytest.mark.slow
+def test_the_shipped_recipe_trains_lora_on_the_language_model_in_mllm_demo_layout(tiny_vlm, tmp_path):
+    import torch
+
+    paths = write_images(tmp_path / "images")
+    data = tmp_path / "mllm_demo.json"
+    data.write_text(json.dumps(mllm_demo_rows(paths)))
+    trainer = train(load_recipe(REPO / "recipes/vlm_lora.yaml",
+                                recipe_overrides(tiny_vlm, data, tmp_path / "run", **{"training.max_steps": 4})))
+    assert trainer.state.global_step == 4
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    adapted = {name.split(".lora_")[0] for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert adapted and all(".text_model." in name for name in adapted)  # no adapter on the vision tower
+    assert not any("vision_model" in n or "connector" in n for n, p in trainer.model.named_parameters()
+                   if p.requires_grad)
+    saved = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
+    assert saved["exclude_modules"] and (tmp_path / "run" / "processor_config.json").is_file()
