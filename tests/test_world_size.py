@@ -90,7 +90,8 @@ def test_a_resume_on_another_world_size_sees_each_example_once_per_epoch(runs, n
     second = [e for step in range(per_epoch + 1, STEPS + 1) for e in seen[step]]
     assert len(set(second)) == len(second) and set(second) <= set(first)  # the next epoch: none twice
     for reference in ("two", "one"):  # each step trained on the examples the uninterrupted runs' step did
-        assert {s: sorted(e) for s, e in seen.items()} == {s: sorted(e) for s, e in seen_by_step(runs[reference]).items()}
+        expected = seen_by_step(runs[reference])
+        assert {s: sorted(e) for s, e in seen.items()} == {s: sorted(e) for s, e in expected.items()}
 
 
 @pytest.mark.slow
@@ -132,7 +133,8 @@ def two_rank_checkpoint(run_dir: Path, zero: bool = False) -> Path:
         (checkpoint / f"rng_state_{rank}.pth").write_bytes(b"rng")
         if zero:
             (checkpoint / f"global_step{SAVE}").mkdir(exist_ok=True)
-            (checkpoint / f"global_step{SAVE}" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"z")
+            partition = checkpoint / f"global_step{SAVE}" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            partition.write_bytes(b"z")
     mark_complete(checkpoint)
     return checkpoint
 
@@ -176,8 +178,8 @@ def test_zero_partitions_on_another_world_size_are_refused_with_the_conversion_c
     message = refusal(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=9, per_device_train_batch_size=BATCH,
                                   deepspeed="zero2"))
     assert message.startswith("training.deepspeed | ") and "partitioned over its ranks" in message
-    assert (f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {checkpoint}/global_step{SAVE} "
-            f"--output_folder {checkpoint}/global_step{SAVE}_universal") in message
+    assert (f"python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state --input_folder "
+            f"{checkpoint}/global_step{SAVE} --output_folder {checkpoint}/global_step{SAVE}_universal") in message
     assert '"checkpoint": {"load_universal": true}' in message
 
 

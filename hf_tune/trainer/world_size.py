@@ -174,6 +174,7 @@ def refuse_zero_reshard(args, checkpoint: Path, change: str) -> None:
 
 def universal_command(checkpoint: Path, tag: str) -> str:
     """The command that writes DeepSpeed's universal checkpoint next to ``checkpoint/tag`` (and ``latest_universal``,
-    which DeepSpeed reads when the config loads universal checkpoints)."""
-    return (f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {checkpoint / tag} "
+    which DeepSpeed reads when the config loads universal checkpoints). ``--inject_missing_state``: Trainer's engine
+    saves no ``universal_checkpoint_info``, without which the converter stops."""
+    return (f"python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state --input_folder {checkpoint / tag} "
             f"--output_folder {checkpoint / (tag + '_universal')}")
