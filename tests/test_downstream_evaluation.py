@@ -5,7 +5,6 @@ samples equal plain greedy generation from the checkpoint and reach MLflow; offl
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,11 +38,14 @@ def downstream_recipe(model: str, out: Path, **training) -> dict:
 @pytest.fixture(scope="module")
 def scored_run(tmp_path_factory, tiny_llama_dir):
     """One short run of the tiny Llama scored on the shipped task at every step, with early stopping on its accuracy,
-    samples, and MLflow (the run folder's own store)."""
-    for key in TRACKER_ENV:
-        os.environ.pop(key, None)
+    samples, MLflow (the run folder's own store) and W&B (offline)."""
     run_dir = tmp_path_factory.mktemp("scored") / "run"
-    trainer = train(load_recipe(downstream_recipe(tiny_llama_dir, run_dir, report_to="mlflow")))
+    with pytest.MonkeyPatch.context() as env:
+        for key in TRACKER_ENV:
+            env.delenv(key, raising=False)
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        trainer = train(load_recipe(downstream_recipe(tiny_llama_dir, run_dir, report_to=["mlflow", "wandb"])))
     history = json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
     return run_dir, trainer.state.global_step, history
 
@@ -109,7 +111,7 @@ def test_early_stopping_on_the_downstream_score_stops_where_the_logged_scores_sa
     assert [s for s, _ in scores] == list(range(1, expected + 1))  # scored at every step until the stop
 
 
-def test_samples_equal_plain_greedy_generation_from_the_checkpoint_and_reach_mlflow(scored_run):
+def test_samples_equal_plain_greedy_generation_from_the_checkpoint_and_reach_mlflow_and_wandb(scored_run):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,6 +136,12 @@ def test_samples_equal_plain_greedy_generation_from_the_checkpoint_and_reach_mlf
     [run] = client.search_runs([experiment.experiment_id])
     copy = client.download_artifacts(run.info.run_id, "samples.jsonl", str(run_dir.parent / "dl"))
     assert Path(copy).read_text() == (run_dir / "samples.jsonl").read_text()
+
+    tables = sorted(run_dir.glob("wandb/offline-run-*/files/media/table/eval/samples_*.table.json"))
+    logged = [json.loads(t.read_text()) for t in tables]  # W&B's own table files, one per evaluation
+    assert logged and all(t["columns"] == ["step", "prompt", "completion"] for t in logged)
+    assert sorted(tuple(row) for t in logged for row in t["data"]) == sorted(
+        (r["step"], r["prompt"], r["completion"]) for r in rows)
 
 
 def test_task_mistakes_are_refused_at_load(tmp_path, tiny_llama_dir):
