@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from conftest import DATA, REPO, chat_recipe, free_port
-from test_checkpoints import assert_same_run, crash_recipe, launch, run_to_end, uninterrupted, wait_for  # noqa: F401
+from test_checkpoints import assert_same_run, crash_recipe, launch, run_to_end, wait_for
 from hf_tune import load_recipe, train
 from hf_tune.errors import EXIT_DIVERGED, RecipeError
 from hf_tune.trainer.checkpoints import MARKER, mark_complete
@@ -97,12 +97,25 @@ def test_only_a_completely_uploaded_mirror_checkpoint_is_restored(tmp_path, s3_s
     assert restore_from_mirror(fresh, url) is None  # a folder with a complete checkpoint keeps its own
 
 
+STEPS = 20  # saved every 5 (crash_recipe)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_llama_dir) -> Path:
+    out = tmp_path_factory.mktemp("reference") / "run"
+    recipe = out.parent / "reference.yaml"
+    recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, out, max_steps=STEPS)))
+    result = run_to_end(recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
 @pytest.mark.slow
 def test_killed_run_whose_folder_is_lost_resumes_from_the_s3_mirror(tmp_path, tiny_llama_dir, uninterrupted,
                                                                      s3_stand_in):
     url = f"{s3_stand_in}/killed"
     run_dir = tmp_path / "run"
-    raw = crash_recipe(tiny_llama_dir, run_dir, save_total_limit=2)
+    raw = crash_recipe(tiny_llama_dir, run_dir, max_steps=STEPS, save_total_limit=2)
     raw["resilience"] = {"checkpoint_mirror": url}
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
@@ -119,7 +132,7 @@ def test_killed_run_whose_folder_is_lost_resumes_from_the_s3_mirror(tmp_path, ti
     assert_same_run(run_dir, uninterrupted)
     # the mirror keeps what save_total_limit kept locally, every one complete, and the finished run's files
     local = sorted(p.name for p in run_dir.glob("checkpoint-*"))
-    assert local == ["checkpoint-35", "checkpoint-40"]
+    assert local == ["checkpoint-15", "checkpoint-20"]
     assert sorted(f"checkpoint-{s}" for s in remote_checkpoints(fs, root)) == local
     assert all(remote_is_complete(fs, f"{root}/{name}") for name in local)
     assert json.loads(fs.cat_file(f"{root}/run.json"))["end_time"]
