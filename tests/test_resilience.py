@@ -110,6 +110,32 @@ def uninterrupted(tmp_path_factory, tiny_llama_dir) -> Path:
     return out
 
 
+def test_a_checkpoint_mirrored_to_a_shared_folder_comes_back_whole_after_trainer_rotated_it_away(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_tune.trainer.mirror import CheckpointMirror
+
+    out, url = tmp_path / "run", f"file://{tmp_path}/shared/mirror"
+    checkpoint = out / "checkpoint-3"
+    (checkpoint / "nested").mkdir(parents=True)
+    (checkpoint / "nested" / "weights.bin").write_bytes(os.urandom(5000))
+    (checkpoint / "trainer_state.json").write_text("{}")
+    mark_complete(checkpoint)
+    (out / "recipe.yaml").write_text("model: {}\n")
+    expected = {p.relative_to(checkpoint): p.read_bytes() for p in checkpoint.rglob("*") if p.is_file()}
+    mirror = CheckpointMirror(url)
+    mirror.on_save(SimpleNamespace(output_dir=str(out), save_total_limit=None),
+                   SimpleNamespace(global_step=3, is_world_process_zero=True, is_hyper_param_search=False), None)
+    shutil.rmtree(checkpoint)  # Trainer's rotation may delete it while the upload runs: the upload has its own links
+    mirror.wait()
+    assert not mirror.failed and not (out / ".mirror_upload" / "checkpoint-3").exists()
+    fresh = tmp_path / "fresh"
+    assert restore_from_mirror(fresh, url) == fresh / "checkpoint-3"
+    assert {p.relative_to(fresh / "checkpoint-3"): p.read_bytes() for p in (fresh / "checkpoint-3").rglob("*")
+            if p.is_file()} == expected
+    assert (fresh / "recipe.yaml").read_text() == "model: {}\n"
+
+
 @pytest.mark.slow
 def test_killed_run_whose_folder_is_lost_resumes_from_the_s3_mirror(tmp_path, tiny_llama_dir, uninterrupted,
                                                                      s3_stand_in):

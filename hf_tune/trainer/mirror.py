@@ -25,6 +25,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle import run_folder
 from hf_tune.trainer.checkpoints import MARKER, checkpoints, is_complete, last_complete_checkpoint
 
@@ -36,8 +37,11 @@ STAGING = ".mirror_upload"  # in output_dir: hard links of the checkpoints waiti
 def open_mirror(url: str):
     """(filesystem, root path) of a mirror URL; the filesystem is configured from the environment by fsspec."""
     import fsspec
+    from fsspec.implementations.local import LocalFileSystem
 
     fs, root = fsspec.core.url_to_fs(url)
+    if isinstance(fs, LocalFileSystem):  # a shared folder: its subfolders made as files are put
+        fs = LocalFileSystem(auto_mkdir=True)
     return fs, root.rstrip("/")
 
 
@@ -81,8 +85,14 @@ def restore_from_mirror(output_dir: Path, url: str) -> Path | None:
     comes last, so an interrupted download is not counted complete. Returns the downloaded checkpoint."""
     if last_complete_checkpoint(output_dir) is not None:
         return None
-    fs, root = open_mirror(url)
-    newest = newest_remote_checkpoint(fs, root)
+    try:
+        fs, root = open_mirror(url)
+        newest = newest_remote_checkpoint(fs, root)
+    except Exception as err:  # noqa: BLE001 - the backend's own errors (botocore's, gcsfs'), named for the user
+        raise HfTuneError(f"resilience.checkpoint_mirror: cannot list {url}: {type(err).__name__}: {err}\n  fix: "
+                          "check the credentials and endpoint in the environment (AWS_PROFILE or AWS_ACCESS_KEY_ID / "
+                          "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS) and that the "
+                          "bucket exists") from err
     if newest is None:
         return None
     output_dir.mkdir(parents=True, exist_ok=True)
