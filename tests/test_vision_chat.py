@@ -157,3 +157,18 @@ def test_the_shipped_recipe_trains_lora_on_the_language_model_in_mllm_demo_layou
                    if p.requires_grad)
     saved = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
     assert saved["exclude_modules"] and (tmp_path / "run" / "processor_config.json").is_file()
+
+
+def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
+    from hf_tune.commands.plan import plan
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for module in ("hf_tune.runtime.network", "hf_tune.build.preflight", "hf_tune.model.loading"):
+        monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
+    result = plan(load_recipe(REPO / "recipes/vlm_lora.yaml", [f"training.output_dir={tmp_path}"]), out_dir=tmp_path)
+    assert "not at hand" in result["data_not_read"]  # the processor tokenizes: without it the data is not counted
+    # LoRA r=16 on the 30 language-model blocks' 7 projections (SmolVLM-256M's shipped config), none on the tower
+    h, f, q, kv, r = 576, 1536, 576, 3 * 64, 16
+    per_block = r * ((h + q) + (h + kv) * 2 + (q + h) + 2 * (h + f) + (f + h))
+    assert result["trainable_params"] == 30 * per_block

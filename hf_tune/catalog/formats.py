@@ -87,7 +87,7 @@ FORMATS = {f.name: f for f in (
            "'messages' whose content holds {'type': 'image'} / {'type': 'text', 'text': ...} parts (TRL), or string "
            "content with <image> markers (LLaMA-Factory's mllm_demo), or ShareGPT 'conversations'; and an 'images' "
            "list (file paths relative to the data file's folder, or image features), one per image place",
-           None, _SFT, ("image_text_to_text",)),
+           "hf_tune.data.vision_chat:vision_messages", _SFT, ("image_text_to_text",)),
     Format("preference", (("chosen", "rejected"),),
            tuple(Column(c) for c in ("prompt", "chosen", "rejected", "conversations", "system", "instruction",
                                      "input")),

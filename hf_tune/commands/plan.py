@@ -90,7 +90,7 @@ def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None]:
     except RecipeError as err:
         if err.key != "model.pretrained_model_name_or_path":
             raise
-        if not task_of(recipe.model.task).reads_text:  # images are counted without the processor (it runs per batch)
+        if format_of(recipe.data.format).class_labels:  # images are counted without the processor (it runs per batch)
             return build_training_data(recipe, None, args), None
         return None, f"the tokenizer of {recipe.model.pretrained_model_name_or_path} is not at hand ({err.problem})"
     return build_training_data(recipe, tokenizer, args), None

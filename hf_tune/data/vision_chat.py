@@ -13,7 +13,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from hf_tune.data.formats import check_columns, row_refusal
+from hf_tune.data.formats import check_columns, format_of, row_refusal
 from hf_tune.data.messages import chat_messages
 from hf_tune.data.tokenization import IGNORE_INDEX
 from hf_tune.errors import HfTuneError, RecipeError
@@ -72,10 +72,11 @@ def vision_chat_examples(raw: Dataset, processor, data: DataSection, labels: lis
     refuse = row_refusal(data.format, key, "the data", len(raw))
     image_token = getattr(processor, "image_token", None) or IMAGE_MARKER
     image_id = processor.tokenizer.convert_tokens_to_ids(image_token)
+    normalize = format_of(data.format).normalize
 
     def encode(example: dict[str, Any], row: int) -> dict[str, Any]:
         images = [image.convert("RGB") for image in example.get("images") or []]
-        messages = vision_messages(example)
+        messages = normalize(example)  # the format's normaliser: vision_messages
         problem = messages_problem(messages, images)
         if problem:
             refuse(row, "messages" if example.get("messages") is not None else "conversations", problem)
