@@ -170,6 +170,41 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
+@pytest.mark.slow
+def test_two_process_zero2_sigterm_to_one_rank_saves_that_step_and_resumes_to_the_same_run(tmp_path, tiny_llama_dir,
+                                                                                            uninterrupted_zero_run):
+    """SIGTERM to rank 1 alone as step 6 begins (saves every 4): both ranks write their ZeRO shards of checkpoint-6
+    and exit 75 (training.enable_jit_checkpoint, on by default); the rerun matches the uninterrupted run."""
+    import torch
+    from safetensors.torch import load_file
+
+    from hf_tune.errors import EXIT_PREEMPTED
+    from hf_tune.trainer.checkpoints import is_complete
+
+    reference_dir, _, _ = uninterrupted_zero_run("zero2")
+    run_dir = tmp_path / "stopped"
+    recipe = zero_llrd_recipe(tiny_llama_dir, run_dir, "zero2")
+    probe = [str(Path(sys.executable).parent / "deepspeed"), "--no_local_rank", "--num_gpus", "2", "--master_port",
+             str(free_port()), "tests/preemption_probe.py", str(recipe), "6", "TERM", "1"]
+    stopped = subprocess.run(probe, cwd=REPO, env=DEEPSPEED_ENV, capture_output=True, text=True, timeout=900)
+    assert [json.loads((run_dir / f"exit-rank{r}.json").read_text())["status"] for r in (0, 1)] == \
+        [EXIT_PREEMPTED] * 2, stopped.stderr[-3000:]
+    assert is_complete(run_dir / "checkpoint-6") and len(list((run_dir / "checkpoint-6").rglob("*optim_states.pt"))) == 2
+    assert not json.loads((run_dir / "run.json").read_text())["end_time"]
+    resumed = subprocess.run(deepspeed_command(recipe, free_port()), cwd=REPO, env=DEEPSPEED_ENV, capture_output=True,
+                             text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "checkpoint-6" in (resumed.stdout + resumed.stderr).split("Resuming from", 1)[1][:300]
+
+    def losses(folder):
+        history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
+        return [(e["step"], e["loss"]) for e in history if "loss" in e]
+
+    assert len(losses(run_dir)) == 16 and losses(run_dir) == losses(reference_dir)
+    mine, theirs = load_file(run_dir / "model.safetensors"), load_file(reference_dir / "model.safetensors")
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
 @pytest.mark.parametrize("world", [1, 2, 8])
 def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_tune(world):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
