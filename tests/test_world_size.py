@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from conftest import REPO, chat_recipe, free_port
 
 BIN = Path(sys.executable).parent
+TORCH_EXTENSIONS = Path.home() / ".cache" / "hf_tune" / "torch_extensions"  # DeepSpeed's CPU ops, built once
 ROWS, BATCH, STEPS, SAVE = 24, 2, 9, 4  # 2 examples per rank and micro-batch, global batch 4: 6 steps an epoch
 
 
@@ -35,7 +36,8 @@ def recipe_file(folder: Path, tiny_llama_dir: str, run_dir: Path, accumulation: 
 def torchrun(ranks: int, recipe: Path) -> subprocess.CompletedProcess:
     result = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(free_port()),
                              "tests/resume_probe.py", str(recipe)], cwd=REPO, capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                          "TORCH_EXTENSIONS_DIR": str(TORCH_EXTENSIONS)})
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -173,14 +175,39 @@ def test_an_order_that_depends_on_the_world_size_is_refused_on_another(tmp_path,
     assert "fix: resume on 2 process(es)" in message
 
 
-def test_zero_partitions_on_another_world_size_are_refused_with_the_conversion_command(tmp_path, tiny_llama_dir):
-    checkpoint = two_rank_checkpoint(tmp_path / "run", zero=True)
-    message = refusal(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=9, per_device_train_batch_size=BATCH,
-                                  deepspeed="zero2"))
-    assert message.startswith("training.deepspeed | ") and "partitioned over its ranks" in message
-    assert (f"python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state --input_folder "
-            f"{checkpoint}/global_step{SAVE} --output_folder {checkpoint}/global_step{SAVE}_universal") in message
-    assert '"checkpoint": {"load_universal": true}' in message
+def test_zero_partitions_that_do_not_convert_stop_the_resume_with_the_converters_error(tmp_path, tiny_llama_dir):
+    from hf_tune import load_recipe, train
+    from hf_tune.errors import HfTuneError
+
+    two_rank_checkpoint(tmp_path / "run", zero=True)  # partitions that are not DeepSpeed's files: the converter fails
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=9, per_device_train_batch_size=BATCH,
+                      deepspeed="zero2")
+    with pytest.raises(HfTuneError, match=r"(?s)^training.deepspeed: checkpoint-4 holds DeepSpeed ZeRO states of 2 "
+                                          r"ranks, and converting them to a universal checkpoint failed:.*Error.*"
+                                          r"fix: resume on 2 process\(es\)$"):
+        train(load_recipe(raw))
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.slow
+def test_a_zero2_checkpoint_of_two_ranks_resumes_on_one_from_a_universal_checkpoint(tmp_path, tiny_llama_dir):
+    """ZeRO-2 on 2 CPU ranks, 4 steps; its checkpoint-2 resumed on 1 rank: converted to DeepSpeed's universal
+    checkpoint on the way, the accumulation doubled. The tolerance is zero, as derived for DDP above: DeepSpeed's
+    2-rank reduce-scatter adds the two ranks' gradients once, as accumulating two micro-batches does (checked: the
+    same floats)."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    for run_dir in (reference, resumed):
+        raw = yaml.safe_load(recipe_file(tmp_path, tiny_llama_dir, run_dir, 1).read_text())
+        raw["training"].update(max_steps=4, save_steps=2, deepspeed="zero2")
+        (tmp_path / f"{run_dir.name}.yaml").write_text(yaml.safe_dump(raw))
+    torchrun(2, tmp_path / "reference.yaml")
+    shutil.copytree(reference / "checkpoint-2", resumed / "checkpoint-2")
+    log = torchrun(1, tmp_path / "resumed.yaml").stderr
+    assert "Converting checkpoint-2/global_step2 to DeepSpeed's universal checkpoint" in log
+    assert "gradient_accumulation_steps 1 -> 2 keeps the global batch of 4" in log
+    assert (resumed / "checkpoint-2" / "latest_universal").read_text().strip() == "global_step2_universal"
+    assert len(losses(resumed)) == 4 and losses(resumed) == losses(reference)
+    assert json.loads((resumed / "run.json").read_text())["world_size"] == 1
 
 
 def test_the_accumulation_is_set_for_the_checkpoints_global_batch_or_left_to_ignore_data_skip(tmp_path, tiny_llama_dir,

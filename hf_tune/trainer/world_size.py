@@ -13,8 +13,9 @@ So each checkpoint records the batch shape it was trained with (``BatchShape``, 
 entry in ``trainer_state.json``), and ``fit_world_size`` compares it with the resuming launch: it keeps the global
 batch by setting ``gradient_accumulation_steps`` (logged), or refuses with the keys to set when it cannot.
 What cannot continue exactly on another world size is refused (a streamed dataset: each rank reads its own share of
-the files; length-grouped sampling: its groups depend on the batch shape; DeepSpeed ZeRO partitions) or logged (the
-per-rank random-number states, ``rng_state_N.pth``, that Trainer restores only on the same number of ranks).
+the files; length-grouped sampling: its groups depend on the batch shape) or logged (the per-rank random-number
+states, ``rng_state_N.pth``, that Trainer restores only on the same number of ranks). DeepSpeed ZeRO states,
+partitioned by rank, are converted to DeepSpeed's universal checkpoint and loaded from it.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from hf_tune.errors import RecipeError
+from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.lifecycle import run_folder
+from hf_tune.runtime.distributed import decided_on_main
+from hf_tune.runtime.ds_config import load_deepspeed_config
 
 logger = logging.getLogger(__name__)
 ACCUMULATION = "training.gradient_accumulation_steps"
@@ -94,6 +100,7 @@ def fit_world_size(recipe, args, checkpoint: Path):
                        "per_device_train_batch_size and gradient_accumulation_steps", checkpoint)
     if saved.world_size == now.world_size:
         return recipe
+    recipe = load_zero_universal(recipe, args, checkpoint, saved.world_size)
     if args.ignore_data_skip:  # the user restarts the epoch's data order: any batch shape is theirs to choose
         logger.warning("Resuming %s (%s) on %s: training.ignore_data_skip is set, so the data order restarts at "
                        "the beginning of the epoch", checkpoint.name, saved, now)
@@ -138,7 +145,7 @@ def kept_accumulation(saved: Shape, now: Shape) -> int:
 
 
 def refuse_inexact(recipe, args, checkpoint: Path, saved: Shape, now: Shape) -> None:
-    """Refuse what cannot continue its data order, or its state, on another number of processes."""
+    """Refuse what cannot continue its data order on another number of processes."""
     change = f"{checkpoint.name} was trained on {saved.world_size} process(es), this launch has {now.world_size}"
     restart = "or set training.ignore_data_skip=true to restart the epoch's data order"
     if getattr(recipe.data, "streaming", False):
@@ -149,32 +156,39 @@ def refuse_inexact(recipe, args, checkpoint: Path, saved: Shape, now: Shape) -> 
         raise RecipeError("training.train_sampling_strategy", f"{change}: '{args.train_sampling_strategy}' groups "
                           "examples by the batch shape, so another shape draws another order",
                           fix=f"resume on {saved.world_size} process(es), {restart}")
-    refuse_zero_reshard(args, checkpoint, change)
 
 
-def refuse_zero_reshard(args, checkpoint: Path, change: str) -> None:
-    """ZeRO partitions the optimizer states (and under ZeRO-3 the weights) by rank: another number of ranks loads
-    them only from DeepSpeed's universal checkpoint, converted from the checkpoint and loaded with
-    ``"checkpoint": {"load_universal": true}`` in the DeepSpeed config."""
+def load_zero_universal(recipe, args, checkpoint: Path, ranks: int):
+    """ZeRO partitions the optimizer states (ZeRO-3 the weights too) over the ranks: another number of ranks loads
+    them from DeepSpeed's universal checkpoint, converted once next to the checkpoint (on the main process, every
+    rank waiting) and loaded with ``"checkpoint": {"load_universal": true}`` added to the recipe's DeepSpeed config."""
     tags = sorted({p.parent.name for p in checkpoint.glob("global_step*/*zero_pp_rank_*optim_states.pt")})
     if not tags or not args.deepspeed:
-        return
-    config = getattr(args, "hf_deepspeed_config", None)
-    loads_universal = bool(config and config.config.get("checkpoint", {}).get("load_universal"))
-    if loads_universal and (checkpoint / "latest_universal").is_file():
-        logger.info("Resuming %s from its DeepSpeed universal checkpoint (%s)", checkpoint.name,
-                    (checkpoint / "latest_universal").read_text().strip())
-        return
-    tag = tags[-1]
-    raise RecipeError("training.deepspeed", f"{change}: its DeepSpeed ZeRO states are partitioned over its ranks and "
-                      "load only on as many", fix=f"resume on the same number of processes; or convert it once: "
-                      f"{universal_command(checkpoint, tag)}, and resume with a DeepSpeed JSON config (a copy of "
-                      "the short name's, hf_tune/ds_configs/) that adds \"checkpoint\": {\"load_universal\": true}")
+        return recipe
+    latest = checkpoint / "latest"
+    tag = latest.read_text().strip() if latest.is_file() else tags[-1]
+    if not (checkpoint / "latest_universal").is_file():
+        decided_on_main(lambda: convert_to_universal(checkpoint, tag, ranks))
+    logger.warning("Resuming %s, whose DeepSpeed ZeRO states are partitioned over %d ranks, from its universal "
+                   "checkpoint %s", checkpoint.name, ranks, (checkpoint / "latest_universal").read_text().strip())
+    config = load_deepspeed_config(recipe.training["deepspeed"])
+    config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
+    return dataclasses.replace(recipe, training={**recipe.training, "deepspeed": config})
 
 
-def universal_command(checkpoint: Path, tag: str) -> str:
-    """The command that writes DeepSpeed's universal checkpoint next to ``checkpoint/tag`` (and ``latest_universal``,
-    which DeepSpeed reads when the config loads universal checkpoints). ``--inject_missing_state``: Trainer's engine
+def convert_to_universal(checkpoint: Path, tag: str, ranks: int) -> None:
+    argv = universal_argv(checkpoint, tag)
+    logger.warning("Converting %s/%s to DeepSpeed's universal checkpoint: %s", checkpoint.name, tag, shlex.join(argv))
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise HfTuneError(f"training.deepspeed: {checkpoint.name} holds DeepSpeed ZeRO states of {ranks} ranks, and "
+                          f"converting them to a universal checkpoint failed:\n{done.stderr[-2000:]}\n  fix: resume "
+                          f"on {ranks} process(es)")
+
+
+def universal_argv(checkpoint: Path, tag: str) -> list[str]:
+    """DeepSpeed's converter, writing the universal checkpoint next to ``checkpoint/tag`` and ``latest_universal``
+    (which DeepSpeed reads when its config loads universal checkpoints). ``--inject_missing_state``: Trainer's engine
     saves no ``universal_checkpoint_info``, without which the converter stops."""
-    return (f"python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state --input_folder {checkpoint / tag} "
-            f"--output_folder {checkpoint / (tag + '_universal')}")
+    return [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--inject_missing_state", "--input_folder",
+            str(checkpoint / tag), "--output_folder", str(checkpoint / f"{tag}_universal")]
