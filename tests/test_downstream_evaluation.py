@@ -45,7 +45,8 @@ def scored_run(tmp_path_factory, tiny_llama_dir):
             env.delenv(key, raising=False)
         env.setenv("WANDB_MODE", "offline")
         env.setenv("WANDB_SILENT", "true")
-        trainer = train(load_recipe(downstream_recipe(tiny_llama_dir, run_dir, report_to=["mlflow", "wandb"])))
+        trainer = train(load_recipe(downstream_recipe(tiny_llama_dir, run_dir, report_to=["mlflow", "wandb",
+                                                                                         "tensorboard"])))
     history = json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
     return run_dir, trainer.state.global_step, history
 
@@ -111,7 +112,7 @@ def test_early_stopping_on_the_downstream_score_stops_where_the_logged_scores_sa
     assert [s for s, _ in scores] == list(range(1, expected + 1))  # scored at every step until the stop
 
 
-def test_samples_equal_plain_greedy_generation_from_the_checkpoint_and_reach_mlflow_and_wandb(scored_run):
+def test_samples_equal_plain_greedy_generation_from_the_checkpoint_and_reach_mlflow_wandb_tensorboard(scored_run):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,6 +143,12 @@ def test_samples_equal_plain_greedy_generation_from_the_checkpoint_and_reach_mlf
     assert logged and all(t["columns"] == ["step", "prompt", "completion"] for t in logged)
     assert sorted(tuple(row) for t in logged for row in t["data"]) == sorted(
         (r["step"], r["prompt"], r["completion"]) for r in rows)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "runs" / "samples"), size_guidance={"tensors": 0}).Reload()
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("eval/samples/text_summary")}
+    assert all(at_step[p] in texts[step] for p in PROMPTS)  # the step's completions, as TensorBoard text
 
 
 def test_task_mistakes_are_refused_at_load(tmp_path, tiny_llama_dir):

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_tune.lifecycle.run_folder import SAMPLES
+from hf_tune.lifecycle.run_folder import SAMPLES, TENSORBOARD_DIR
+
+SAMPLES_TENSORBOARD_RUN = "samples"  # the TensorBoard run of the samples' text
 
 logger = logging.getLogger(__name__)
 
@@ -91,5 +94,7 @@ def _to_tensorboard(args, rows, path, step) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     text = "\n\n".join(f"**{r['prompt']}**\n\n{r['completion']}" for r in rows)
-    with SummaryWriter(log_dir=args.logging_dir) as writer:
+    # a TensorBoard run of its own beside Trainer's (TENSORBOARD_LOGGING_DIR, else output_dir/runs/<date_host>)
+    root = os.environ.get("TENSORBOARD_LOGGING_DIR") or str(Path(args.output_dir) / TENSORBOARD_DIR)
+    with SummaryWriter(log_dir=str(Path(root) / SAMPLES_TENSORBOARD_RUN)) as writer:
         writer.add_text("eval/samples", text, global_step=step)
