@@ -15,7 +15,7 @@ import yaml
 from hf_tune.lifecycle import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.lineage import flat_lineage
-from hf_tune.lifecycle.report import series, training_state
+from hf_tune.lifecycle.report import series, training_state, watched_scores
 from hf_tune.search.backend import STUDY_JSON, read_study_trials, study_backend, trial_folder_name
 
 IGNORED_KEYS = ("training.output_dir",)  # differs between any two runs; the row's name says it
@@ -60,6 +60,9 @@ def _run_folder(path: Path) -> ComparedRun:
     for name in run_folder.RESULTS:  # a run still in progress has no final metrics in run.json yet
         if not metrics and (path / name).is_file():
             metrics.update(json.loads((path / name).read_text()))
+    watched = watched_scores(path)  # hf-tune eval's scores of the newest checkpoint it scored
+    metrics.update(max(watched, key=lambda line: line["step"]) if watched else {})
+    metrics.pop("step", None)
     curves = {}
     try:
         history = json.loads(training_state(path).read_text())["log_history"]
