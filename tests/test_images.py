@@ -212,3 +212,40 @@ def test_images_held_as_bytes_with_renamed_columns_load_and_a_corrupt_one_is_nam
     with pytest.raises(RecipeError, match=r"example 2 of 3, column 'image': the image bytes is not a readable image"):
         load_source(source.model_copy(update={"path": str(tmp_path / "broken.parquet")}), "data.train",
                     "image_classification")
+
+
+class CrashAfterSave:
+    """Raises once the checkpoint of ``step`` is saved (and marked complete): a crash, in process."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def __getattr__(self, name):  # every other TrainerCallback event: nothing
+        return lambda *args, **kwargs: None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise RuntimeError("crash")
+
+
+@pytest.mark.slow
+def test_a_crashed_image_run_resumes_to_the_same_losses_and_weights(vit_run, shapes, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    model = str(vit_run[0].args.output_dir)  # the trained tiny ViT: a 3-class head, no mismatch to draw
+    settings = {"training.max_steps": 6, "training.save_strategy": "steps", "training.save_steps": 3,
+                "training.logging_steps": 1, "training.eval_strategy": "no"}
+
+    def run(out, callbacks=()):
+        return train(load_recipe(REPO / "recipes/image_classifier.yaml", overrides(model, shapes, out, **settings)),
+                     callbacks=callbacks)
+
+    reference = run(tmp_path / "reference")
+    with pytest.raises(RuntimeError, match="crash"):
+        run(tmp_path / "crashed", [CrashAfterSave(3)])
+    resumed = run(tmp_path / "crashed")
+    losses = [[(e["step"], e["loss"]) for e in t.state.log_history if "loss" in e] for t in (reference, resumed)]
+    assert losses[0] == losses[1] and len(losses[0]) == 6  # every step's loss, bit for bit
+    mine, theirs = (load_file(tmp_path / name / "model.safetensors") for name in ("crashed", "reference"))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -17,6 +17,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainingArguments, set_seed
 
 from hf_tune.trainer.checkpoints import CheckpointMarker
+from hf_tune.trainer.renamed_weights import ReloadRenamedWeights
 from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
 from hf_tune.data.loss import ChunkedCausalLMLoss
 from hf_tune.data.preference import load_method_data
@@ -174,6 +175,7 @@ def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] =
         *([SaveOnSignal()] if saves_on_signal(recipe) else []),  # before the guard: it may ask for a save
         guard,  # after DefaultFlowCallback: it reads the step's log / save decision
         RecipeHyperparameters(trainer),  # a resume trains with the recipe's LRs (optim/resume.py)
+        ReloadRenamedWeights(),  # a resume from a checkpoint saved under legacy names (trainer/renamed_weights.py)
         BatchShape(),  # each checkpoint records its batch shape, for a resume on another world size
         *extra,
     ]
