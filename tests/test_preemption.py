@@ -110,3 +110,21 @@ def test_sigusr1_to_one_ddp_rank_stops_both_at_its_step_and_the_rerun_matches(tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stderr and "checkpoint-3" in resumed.stderr.split("Resuming from", 1)[1][:300]
     assert_same_run(run_dir, tmp_path / "ref" / "run")
+
+
+def test_on_by_default_as_hf_tunes_callback_never_upstreams(tmp_path, tiny_llama_dir):
+    """Upstream's callback (SIGTERM only, each rank alone, no marker) is never attached; ours unless turned off."""
+    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+
+    from hf_tune import load_recipe
+    from hf_tune.build.run_build import build_run
+    from hf_tune.commands.effective import hf_tune_defaults
+    from hf_tune.trainer.preemption import SaveOnSignal
+
+    for extra, ours in (({}, True), ({"enable_jit_checkpoint": True}, True), ({"enable_jit_checkpoint": False}, False)):
+        recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", **extra))
+        run = build_run(recipe)
+        kinds = {type(c) for c in run.trainer.callback_handler.callbacks}
+        assert (SaveOnSignal in kinds) == ours and JITCheckpointCallback not in kinds
+        assert run.args.enable_jit_checkpoint is False
+        assert hf_tune_defaults(recipe)["training"].get("enable_jit_checkpoint") == (True if not extra else None)

@@ -25,7 +25,8 @@ def hf_tune_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
     training = {key: value for key, value in training_kwargs(recipe).items()
                 if key not in recipe.training and key not in ("run_name", "project")}  # those two: tracking's
     training.setdefault("resume_from_checkpoint", "auto")
-    training.setdefault("enable_jit_checkpoint", saves_on_signal(recipe))
+    if "enable_jit_checkpoint" not in recipe.training:
+        training["enable_jit_checkpoint"] = saves_on_signal(recipe)  # upstream's default: off
     defaults = {"training": training}
     if not method_of(recipe.method).uses_trl and task_of(recipe.model.task).causal:
         attention, padding_free = _attention_and_padding_free(recipe)
