@@ -33,6 +33,7 @@ from hf_tune.search.resume import claimed_orphans, heartbeat, this_worker
 from hf_tune.search.sampling import make_terminator, sample_trial, trial_recipe, warn_if_random_search
 from hf_tune.search.study import (SurplusTrial, ask, objective_values, open_study, record_failure, study_has_room,
                                   trainable_params)
+from hf_tune.trainer.preemption import Preempted
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ def run_trial(study, trial, base: Recipe, base_raw: dict, folds: Folds, metrics:
         done = {int(k): v if isinstance(v, list) else [v]
                 for k, v in (resumed.user_attrs.get(FOLD_VALUES, {}) if resumed is not None else {}).items()}
         scores, pruned = train_folds(trial, current, folds, metrics, trial_dir, spec, done)
+    except Preempted:  # not a failure: the trial stays RUNNING and a rerun resumes it from the signal's checkpoint
+        raise
     except Exception as err:  # a failing trial (OOM, NaN, bad values) keeps its error; the study goes on
         logger.warning("search: trial %d failed: %s: %s", trial.number, type(err).__name__, err)
         record_failure(study, trial, err)

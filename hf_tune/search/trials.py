@@ -32,6 +32,7 @@ from hf_tune.search.sampling import make_terminator, sample_trial, trial_recipe,
 from hf_tune.search.study import (SurplusTrial, ask, objective_values, open_study, record_failure, study_has_room,
                                   trainable_params)
 from hf_tune.build.training_args import build_training_arguments
+from hf_tune.trainer.preemption import Preempted
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ def run_trial(context: OptunaSearch, trial, resume: str | None = None) -> None:
             trial.set_user_attr("worker", this_worker())
         logger.info("rank %d of %d: trial %s with %s", context.rank, context.world_size, number, values)
         outcome = train_trial(context, trial, number, values, resume)
+    except Preempted:  # not a failure: the trial stays RUNNING and a rerun resumes it from the signal's checkpoint
+        raise
     except Exception as err:  # a failing trial (OOM, NaN, bad values) keeps its error; the study goes on
         if trial is not None:
             record_failure(context.study, trial, err)
