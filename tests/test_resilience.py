@@ -224,6 +224,7 @@ def nan_step(poisoned, tmp_path_factory) -> tuple[int, Path]:
     return step, folder / "run"
 
 
+@pytest.mark.slow
 def test_a_nan_step_is_rolled_back_and_skipped(tmp_path, poisoned, nan_step):
     nan_step, stopped = nan_step
     trainer = train(load_recipe(poisoned_recipe(poisoned, tmp_path / "run", rollbacks=1)))
