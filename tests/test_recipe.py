@@ -259,10 +259,12 @@ def test_validate_shows_the_values_hf_tune_decides_marked_as_its_defaults(tiny_l
     cli_main(["validate", str(write_recipe(tmp_path / "r.yaml", raw))])
     shown = capsys.readouterr().out
     marked = {line.split(":")[0].strip() for line in shown.splitlines() if line.endswith("# hf_tune's default")}
-    assert {"attn_implementation", "padding_free", "resume_from_checkpoint", "per_device_train_batch_size"} <= marked
+    assert {"attn_implementation", "padding_free", "resume_from_checkpoint", "per_device_train_batch_size",
+            "enable_jit_checkpoint"} <= marked
     assert "learning_rate" not in marked and "output_dir" not in marked  # the recipe's own keys are not marked
     effective = yaml.safe_load(shown)
     assert effective["training"]["resume_from_checkpoint"] == "auto"
+    assert effective["training"]["enable_jit_checkpoint"] is True  # save on SIGTERM / SIGUSR1 (docs/runs.md)
     assert effective["training"]["per_device_train_batch_size"] == 1  # one pack of data.batch_tokens per step
     assert effective["model"]["attn_implementation"] == "sdpa_varlen" and effective["data"]["padding_free"] is True
     if not torch.cuda.is_available():
