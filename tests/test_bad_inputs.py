@@ -85,6 +85,7 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "evaluation_early_stopping_without_eval": "evaluation.early_stopping_patience",
     "hub_unknown_key": "hub.licence",
     "hub_tags_not_list": "hub.tags",
+    "resilience_mirror_credentials": "resilience.checkpoint_mirror",
     "search_data_key": "search.space.data.max_length",
     "search_low_above_high": "search.space.training.learning_rate",
     "tracking_unknown_key": "tracking.projet",
