@@ -27,6 +27,12 @@ class Task:
     data_builder: str | None = None
     collator: str | None = None  # "module:Class" built with the processor; None: padding (text), the causal collator
     vision_language: bool = False  # a vision tower beside a language model (frozen unless model.train_vision_tower)
+    # "module:function": (processor, task) -> a batch of the model's inputs that `hf-tune merge --check` compares
+    # base + adapter and the merged model on (text prompts, drawn images, an image and a question)
+    check_inputs: str = "hf_tune.data.tokenization:sample_prompts"
+    # a LoRA merge may stream the base's safetensors (hf_tune.model.merge): every adapted weight is in the base's
+    # checkpoint; not where PEFT builds or saves a head the base lacks (a classifier's new head, modules_to_save)
+    merges_by_shard: bool = False
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -48,6 +54,11 @@ class Task:
         return _resolve(self.data_builder)
 
     @property
+    def build_check_inputs(self):
+        """The merge check's inputs (``check_inputs``), imported on first use."""
+        return _resolve(self.check_inputs)
+
+    @property
     def collator_class(self) -> type | None:
         return _resolve(self.collator) if self.collator else None
 
@@ -62,7 +73,7 @@ class Task:
 
 TASKS = {
     "causal_lm": Task("causal_lm", "AutoModelForCausalLM", "AutoPeftModelForCausalLM", "CAUSAL_LM", "text-generation",
-                      causal=True,
+                      causal=True, merges_by_shard=True,
                       eval_metrics=("eval_loss", "eval_perplexity"), recipe_metrics=False, class_labels=False),
     "sequence_classification": Task(
         "sequence_classification", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification",
@@ -73,14 +84,15 @@ TASKS = {
         "image_classification", "AutoModelForImageClassification", "AutoPeftModel", None, "image-classification",
         causal=False, eval_metrics=("eval_loss",), recipe_metrics=True, class_labels=True,
         processor="AutoImageProcessor", data_builder="hf_tune.data.images:image_examples",
-        collator="hf_tune.data.images:ImageClassificationCollator"),
+        collator="hf_tune.data.images:ImageClassificationCollator", check_inputs="hf_tune.data.images:sample_images"),
     # vision-language chat: the processor's chat template and image tokens; the model's own loss on the assistant's
     # tokens (hf_tune.data.vision_chat); the vision tower frozen unless model.train_vision_tower
     "image_text_to_text": Task(
         "image_text_to_text", "AutoModelForImageTextToText", "AutoPeftModel", None, "image-text-to-text",
         causal=False, eval_metrics=("eval_loss",), recipe_metrics=False, class_labels=False,
         processor="AutoProcessor", data_builder="hf_tune.data.vision_chat:vision_chat_examples",
-        collator="hf_tune.data.vision_chat:VisionChatCollator", vision_language=True),
+        collator="hf_tune.data.vision_chat:VisionChatCollator", vision_language=True,
+        check_inputs="hf_tune.data.vision_chat:sample_conversations", merges_by_shard=True),
     # method: reward (hf_tune.catalog.methods): one score per sequence, trained on chosen / rejected pairs
     "reward_model": Task(
         "reward_model", "AutoModelForSequenceClassification", "AutoPeftModelForSequenceClassification", "SEQ_CLS",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,7 +77,9 @@ def _train(run: Run, resume: str | None, started: str):
             "rates and weight decay values may change on resume, the grouping may not") from None
     if trainer.is_fsdp_enabled:  # Trainer.save_model writes nothing from a sharded state dict (the checkpoints' type)
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    trainer.save_model()  # adapter (LoRA) or full model, plus the tokenizer and its chat template
+    trainer.save_model()  # adapter (LoRA) or full model, plus the tokenizer and its chat template (or the processor)
+    if main:
+        save_class_labels(trainer, recipe, run_dir)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     metrics = dict(result.metrics)
@@ -91,6 +94,14 @@ def _train(run: Run, resume: str | None, started: str):
         write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics,
                        rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)))
     return trainer
+
+
+def save_class_labels(trainer, recipe: Recipe, run_dir: Path) -> None:
+    """A LoRA classifier's id2label beside its adapter (``class_labels.json``), which merge and the model card read:
+    the adapter holds the trained head's weights but not the names of its classes."""
+    if recipe.lora is not None and task_of(recipe.model.task).class_labels:
+        labels = {"id2label": trainer.model.config.id2label}
+        (run_dir / run_folder.CLASS_LABELS).write_text(json.dumps(labels, indent=2) + "\n")
 
 
 def lineage_datasets(run: Run) -> dict:

@@ -141,3 +141,23 @@ class ImageClassificationCollator:
                   for f in features]
         pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
         return {"pixel_values": pixels, "labels": torch.tensor([f["labels"] for f in features], dtype=torch.long)}
+
+
+def drawn_images(count: int = 2, size: int = 48) -> list[PIL.Image.Image]:
+    """``count`` RGB images of seeded noise over a colour gradient: inputs that every image processor accepts."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 255, size)
+    images = []
+    for i in range(count):
+        channels = [np.add.outer(ramp, ramp) / 2, np.tile(ramp, (size, 1)).T, np.full((size, size), 80.0 * i)]
+        pixels = np.stack(channels, -1)
+        pixels = np.clip(pixels + rng.normal(0, 40, pixels.shape), 0, 255).astype(np.uint8)
+        images.append(PIL.Image.fromarray(pixels, "RGB"))
+    return images
+
+
+def sample_images(processor, task) -> dict:
+    """Two drawn images through the run's image processor: the inputs of ``hf-tune merge --check``."""
+    return dict(processor(images=drawn_images(), return_tensors="pt"))

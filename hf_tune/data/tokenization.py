@@ -108,3 +108,13 @@ def batch_tokenizer(tokenizer, data: DataSection, tools: list[dict] | None):
         return out
 
     return tokenize_batch
+
+
+def sample_prompts(tokenizer, task) -> dict:
+    """Three prompts, as a padded batch (in the chat template for a causal LM): the inputs of ``hf-tune merge
+    --check`` for a text task (``Task.check_inputs``)."""
+    texts = ["What is the capital of France?", "Write a haiku about the sea.", "2 + 2 ="]
+    if task.causal and tokenizer.chat_template:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                               add_generation_prompt=True) for t in texts]
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not task.causal)

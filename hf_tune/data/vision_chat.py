@@ -153,3 +153,15 @@ class VisionChatCollator:
             batch.update(self.processor.image_processor(images=images, return_tensors="pt"))
         return batch
 
+
+
+def sample_conversations(processor, task) -> dict:
+    """Two questions, each about a drawn image, rendered by the processor's chat template and run through the
+    processor (image tokens and pixels): the inputs of ``hf-tune merge --check``."""
+    from hf_tune.data.images import drawn_images
+
+    questions = ["What is in this picture?", "Describe the colours."]
+    turns = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}] for q in questions]
+    texts = [processor.apply_chat_template(turn, tokenize=False, add_generation_prompt=True) for turn in turns]
+    return dict(processor(text=texts, images=[[image] for image in drawn_images()], return_tensors="pt",
+                          padding=True, add_special_tokens=False))

@@ -14,7 +14,7 @@ from hf_tune.errors import HfTuneError
 from hf_tune.model.merge import (CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas,
                                  write_merged_shards)
 from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
-from hf_tune.lifecycle.model_card import base_model_id, render_model_card
+from hf_tune.lifecycle.model_card import base_model_id, render_model_card, run_class_labels
 from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.lifecycle.hub.hub_is_reachable, as before)
 from hf_tune.catalog.tasks import Task, task_of
 
@@ -28,8 +28,10 @@ WEIGHT_FILES = ("adapter_model.safetensors", "adapter_config.json", "config.json
                 "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
-                   "chat_template.json", "additional_chat_templates/*.jinja")
-RESULT_FILES = (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS)
+                   "chat_template.json", "additional_chat_templates/*.jinja",
+                   "preprocessor_config.json", "processor_config.json")  # an image processor, a VLM's processor
+RESULT_FILES = (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS,
+                run_folder.CLASS_LABELS)
 MANIFEST_FILES = (run_folder.MANIFEST, run_folder.TRAINER_STATE, "*.png")  # only with include_manifest: host, command line, env
 TRACKER_LOGS = (run_folder.WANDB_DIR, run_folder.MLFLOW_DIR, run_folder.TENSORBOARD_DIR)  # only with include_logs: report_to wandb, mlflow, tensorboard
 MERGE_CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}  # max |Δ logit| / max |logit|
@@ -42,12 +44,12 @@ def run_task(run_dir: Path) -> Task:
 
 
 def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "float32", check: bool = False) -> dict:
-    """Merge a run's LoRA adapter into its base model and save safetensors + tokenizer (+ chat template) to ``out``
-    (default RUN_DIR/merged). ``check`` compares the saved model's logits with base + adapter on sample inputs."""
+    """Merge a run's LoRA adapter into its base model and save safetensors + the task's processor (tokenizer and chat
+    template, image processor, a VLM's processor) to ``out`` (default RUN_DIR/merged). ``check`` compares the saved
+    model's logits with base + adapter on the task's sample inputs (``Task.check_inputs``)."""
     import shutil
 
     import torch
-    from transformers import AutoTokenizer
 
     run_dir = Path(run_dir)
     if not (run_dir / run_folder.ADAPTER_CONFIG).is_file():
@@ -63,11 +65,11 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {sorted(MERGE_CHECK_TOLERANCE)}")
     out = Path(out) if out else run_dir / run_folder.MERGED
     task = run_task(run_dir)
-    tokenizer = AutoTokenizer.from_pretrained(run_dir)
-    samples = _sample_inputs(tokenizer, task.causal)
+    processor = task.processor_class.from_pretrained(run_dir)  # saved beside the adapter by Trainer
+    samples = task.build_check_inputs(processor, task)
     tolerance = MERGE_CHECK_TOLERANCE[dtype]
     result = {"merged_dir": str(out), "dtype": dtype}
-    plan = None if quantization else _shard_plan(run_dir, task, len(tokenizer))
+    plan = None if quantization else _shard_plan(run_dir, task, _vocabulary_size(processor, task))
     if plan is not None:  # the reference first, freed before the merge: one model in memory at a time
         reference = _reference_logits(run_dir, task, samples) if check else None
         result["streamed"] = write_merged_shards(plan, out, dtype)
@@ -79,8 +81,8 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
             reference, merged = _merge_with_peft(run_dir, task, samples, check)
         merged.to(getattr(torch, dtype)).save_pretrained(out)
         del merged
-    tokenizer.save_pretrained(out)
-    for name in (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS):
+    processor.save_pretrained(out)
+    for name in (run_folder.RECIPE, *run_folder.RESULTS):
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, out / name)
     if check:
@@ -102,14 +104,14 @@ def _run_quantization(run_dir: Path) -> dict | None:
     return _recipe_model(run_dir).get("quantization_config") or None
 
 
-def _shard_plan(run_dir: Path, task: Task, vocab_size: int):
+def _shard_plan(run_dir: Path, task: Task, vocab_size: int | None):
     """The merge by shard's plan (hf_tune.model.merge), or None, with the reason logged, where PEFT's whole-model
     merge must run instead: another task, a GGUF or .bin base, a LoRA variant (DoRA, modules_to_save, ...)."""
     model = _recipe_model(run_dir)
     adapter = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
     base, revision = adapter.get("base_model_name_or_path") or "", model.get("revision") or adapter.get("revision")
     try:
-        if not task.causal:
+        if not task.merges_by_shard:
             raise CannotStream(f"model.task {task.name}: its head is built by PEFT")
         if model.get("gguf_file"):
             raise CannotStream(f"model.gguf_file {model['gguf_file']}: the base is a GGUF file, not safetensors")
@@ -121,10 +123,19 @@ def _shard_plan(run_dir: Path, task: Task, vocab_size: int):
         return None
 
 
+def _vocabulary_size(processor, task: Task) -> int | None:
+    """Tokens of the run's tokenizer (a VLM's processor holds one); None for an image processor."""
+    tokenizer = processor if task.reads_text else getattr(processor, "tokenizer", None)
+    return len(tokenizer) if tokenizer is not None else None
+
+
 def _peft_model(run_dir: Path, task: Task):
     import torch
 
     head = {"num_labels": task.num_labels} if task.num_labels else {}  # a reward model's one score
+    labels = run_class_labels(run_dir) if task.class_labels else None
+    if labels:  # the trained head's classes: the base's own head may have another width
+        head.update(id2label=labels, label2id={name: i for i, name in labels.items()}, ignore_mismatched_sizes=True)
     return task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32, **head).eval()
 
 
@@ -188,14 +199,6 @@ def _merge_quantized(run_dir: Path, task: Task, quantization: dict, samples, che
     plain = dequantize(quantized_base(), torch.float32)
     merged = PeftModel.from_pretrained(plain, run_dir).eval().merge_and_unload()
     return reference, merged, MERGE_CHECK_TOLERANCE[compute]
-
-
-def _sample_inputs(tokenizer, causal: bool):
-    texts = ["What is the capital of France?", "Write a haiku about the sea.", "2 + 2 ="]
-    if causal and tokenizer.chat_template:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                               add_generation_prompt=True) for t in texts]
-    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not causal)
 
 
 def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool = False,

@@ -75,7 +75,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         *[f"| {k} | {v} |" for k, v in hyper.items()], "",
         "## Results", "", "| metric | value |", "|---|---|",
         *[f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
-        "## Usage", "", "```python", *_usage(repo_id, lora, task), "```", "",
+        "## Usage", "", "```python", *_usage(repo_id, lora, task, run_class_labels(run_dir)), "```", "",
         "## Reproduce", "", "Save the recipe below as `recipe.yaml`, then:", "", "```bash",
         "pip install 'hf_tune[all]'", "accelerate launch -m hf_tune.run recipe.yaml", "```", "",
         "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
@@ -131,12 +131,26 @@ def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: s
     return lines
 
 
-def _usage(repo_id: str, lora: bool, task: Task) -> list[str]:
-    auto, peft_auto = task.auto_class, task.peft_auto_class
-    lines = ([f"from peft import {peft_auto}", "from transformers import AutoTokenizer", "",
-              f"model = {peft_auto}.from_pretrained({repo_id!r})"] if lora else
-             [f"from transformers import {auto}, AutoTokenizer", "", f"model = {auto}.from_pretrained({repo_id!r})"])
-    lines.append(f"tokenizer = AutoTokenizer.from_pretrained({repo_id!r})")
+def run_class_labels(run_dir: Path) -> dict[int, str] | None:
+    """id2label of a classifier run's head: its config.json (a full fine-tune) or class_labels.json (a LoRA run,
+    whose adapter alone does not name the classes); None for a run without either."""
+    for name in (run_folder.CLASS_LABELS, run_folder.MODEL_CONFIG):
+        if (run_dir / name).is_file():
+            labels = json.loads((run_dir / name).read_text()).get("id2label")
+            if labels:
+                return {int(i): label for i, label in labels.items()}
+    return None
+
+
+def _usage(repo_id: str, lora: bool, task: Task, labels: dict[int, str] | None) -> list[str]:
+    """Loading the pushed model and its processor (``Task.processor``: tokenizer, image processor or processor); an
+    adapter of a classifier builds the base with the trained head's classes, which the base's head may not have."""
+    auto, peft_auto, processor = task.auto_class, task.peft_auto_class, task.processor
+    head = f", id2label={labels!r}, ignore_mismatched_sizes=True" if lora and labels else ""
+    lines = ([f"from peft import {peft_auto}", f"from transformers import {processor}", "",
+              f"model = {peft_auto}.from_pretrained({repo_id!r}{head})"] if lora else
+             [f"from transformers import {auto}, {processor}", "", f"model = {auto}.from_pretrained({repo_id!r})"])
+    lines.append(f"{'tokenizer' if task.reads_text else 'processor'} = {processor}.from_pretrained({repo_id!r})")
     if task.causal:
         lines += ['messages = [{"role": "user", "content": "Hello!"}]',
                   "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "

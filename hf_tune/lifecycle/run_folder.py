@@ -14,6 +14,7 @@ RESULTS = (TRAIN_RESULTS, EVAL_RESULTS, ALL_RESULTS)
 LOSS_PLOT, LR_PLOT, EVAL_METRICS_PLOT = "loss.png", "lr.png", "eval_metrics.png"
 LR_SCHEDULE_PLOT = "lr_schedule.png"  # hf-tune plan
 ADAPTER_CONFIG, MODEL_CONFIG = "adapter_config.json", "config.json"  # a LoRA run's adapter, or a full model
+CLASS_LABELS = "class_labels.json"  # a LoRA run of a classifier: its head's id2label, which the adapter lacks
 MERGED = "merged"  # hf-tune merge's default output folder
 WANDB_RUN_ID = "wandb_run_id"  # one W&B run per run folder, continued on resume
 MLFLOW_RUN_ID = "mlflow_run_id"  # one MLflow run per run folder and tracking URI, continued on resume
