@@ -42,7 +42,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     args = build_training_arguments(recipe)
     world = world_size or args.world_size
     method = method_of(recipe.method)
-    data, missing = _plan_data(recipe, args)
+    data, missing, processor = _plan_data(recipe, args)
     labels = data.labels if data is not None else (
         dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None)
     model = build_meta_model(recipe, labels)
@@ -60,6 +60,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
         "examples": examples,
         "data_not_read": missing,
+        "tokens_per_example": None if examples is None else example_tokens(data.train, processor, recipe),
         "world_size": world,
         "effective_batch_size": effective,
         "steps_per_epoch": per_epoch,
@@ -68,7 +69,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
         "groups": group_summary(infos),
         "trainable_params": sum(info.numel for info in infos),
-        **plan_memory(recipe, args, model, world),
+        **plan_memory(recipe, args, model, world, longest_example(data, recipe)),
         "lr_schedule_png": None,
     }
     if total:
@@ -79,21 +80,46 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     return result
 
 
-def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None]:
-    """The training data as the run reads it, or (None, why) when the tokenizer a supervised run needs is neither
-    local nor reachable (a plan of a 70B recipe on a laptop offline)."""
+def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None, object]:
+    """(the training data as the run reads it, None, the tokenizer or processor), or (None, why, None) when the
+    tokenizer a supervised run needs is neither local nor reachable (a plan of a 70B recipe on a laptop offline)."""
     method = method_of(recipe.method)
     if method.uses_trl:  # TRL's layouts, read without a tokenizer
-        return build_method_data(recipe, args), None
+        return build_method_data(recipe, args), None, None
     try:
         tokenizer = build_tokenizer(recipe)
     except RecipeError as err:
         if err.key != "model.pretrained_model_name_or_path":
             raise
         if format_of(recipe.data.format).class_labels:  # images are counted without the processor (it runs per batch)
-            return build_training_data(recipe, None, args), None
-        return None, f"the tokenizer of {recipe.model.pretrained_model_name_or_path} is not at hand ({err.problem})"
-    return build_training_data(recipe, tokenizer, args), None
+            return build_training_data(recipe, None, args), None, None
+        missing = f"the tokenizer of {recipe.model.pretrained_model_name_or_path} is not at hand ({err.problem})"
+        return None, missing, None
+    return build_training_data(recipe, tokenizer, args), None, tokenizer
+
+
+def example_tokens(train, processor, recipe: Recipe) -> dict | None:
+    """Tokens per training example (mean, max) as the model reads them, and for a vision-language task the image
+    tokens among them: the processor expanded each image into its image tokens (``image_seq_len`` per tile, and as
+    many tiles as its image splitting makes) when the data was tokenized. None for data without ``input_ids``."""
+    if "input_ids" not in train.column_names or not len(train):
+        return None
+    ids = train["input_ids"]
+    lengths = [len(example) for example in ids]
+    result = {"mean": sum(lengths) / len(lengths), "max": max(lengths)}
+    if task_of(recipe.model.task).vision_language:
+        image_token = getattr(processor, "image_token", None)
+        image_id = processor.tokenizer.convert_tokens_to_ids(image_token) if image_token else None
+        result["image_tokens_mean"] = sum(example.count(image_id) for example in ids) / len(ids)
+    return result
+
+
+def longest_example(data: TrainingData | None, recipe: Recipe) -> int | None:
+    """Tokens of the longest training example of a vision-language run (its image tokens included), which bounds
+    its micro-batches' width; None where the data was not read or the task is not vision-language."""
+    if data is None or recipe.data.streaming or not task_of(recipe.model.task).vision_language:
+        return None
+    return max((len(ids) for ids in data.train["input_ids"]), default=None)
 
 
 def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[dict]]:
@@ -125,9 +151,10 @@ def micro_batch_tokens(recipe: Recipe, args) -> int:
     return per_device * (recipe.data.batch_tokens or recipe.data.max_length)
 
 
-def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
+def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = None) -> dict:
     """Model states per rank by setup (a quantized base's stored weights), activations of one micro-batch, and the
-    estimated peak of the setup the recipe runs (``hf_tune.model.memory``)."""
+    estimated peak of the setup the recipe runs (``hf_tune.model.memory``). ``longest``: tokens of a
+    vision-language run's longest example (image tokens included), whose micro-batches are padded to it."""
     total, trainable, largest = model_state_sizes(model)
     mixed = bool(args.bf16 or args.fp16)
     param_bytes = next(model.parameters()).element_size()
@@ -138,12 +165,15 @@ def plan_memory(recipe: Recipe, args, model, world: int) -> dict:
         result["quantized_weights"] = {**weights, "quantization": describe(quantization)}
         result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
     result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
-    tokens = micro_batch_tokens(recipe, args) if task_of(recipe.model.task).reads_text else 0
+    task = task_of(recipe.model.task)
+    tokens = micro_batch_tokens(recipe, args) if task.reads_text else 0
+    if task.vision_language:  # the language model's tokens: text and image tokens, padded to the longest example
+        tokens = args.per_device_train_batch_size * (longest or recipe.data.max_length)
     fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
     checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
                         for key in ("activation_checkpointing", "gradient_checkpointing"))
     fused_loss = bool(recipe.training.get("use_liger_kernel"))  # Liger's loss never holds the full logits
-    # the estimate counts a decoder's tokens: an image model's activations are not estimated (0)
+    # the estimate counts a decoder's tokens: an image model's activations (and a VLM's tower's) are not estimated
     activations = 0 if not tokens else activation_memory(
         model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
         lora_r=(recipe.lora or {}).get("r", 0))
@@ -189,6 +219,14 @@ def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> 
     return path
 
 
+def _tokens_line(tokens: dict | None) -> str:
+    if not tokens:
+        return ""
+    images = tokens.get("image_tokens_mean")
+    return (f"   tokens per example: mean {tokens['mean']:.1f}, max {tokens['max']}"
+            + (f" (image tokens: {images:.1f} on average)" if images is not None else ""))
+
+
 def format_plan(result: dict) -> str:
     missing = result.get("data_not_read")
     streamed = result["examples"] is None and not missing
@@ -196,7 +234,7 @@ def format_plan(result: dict) -> str:
     per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
     total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
     lines = [f"method: {result['method']} ({result['method_batch']})",
-             f"examples: {examples}",
+             f"examples: {examples}{_tokens_line(result.get('tokens_per_example'))}",
              f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
              f"steps per epoch: {per_epoch or '-'}   total steps: {total}   "
              f"warmup steps: {result['warmup_steps'] if result['warmup_steps'] is not None else '-'}   "
