@@ -227,6 +227,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--tasks", default=None, help="comma-separated lm-eval tasks or task YAMLs (default: the recipe's)"),
         option("--limit", type=float, default=None, help="examples per task (a fraction if < 1)"),
         option("--num-fewshot", type=int, default=None), option("--batch-size", type=int, default=None),
+        option("--apply-chat-template", action="store_true", default=None,
+               help="ask each prompt as a user turn through the chat template (lm-eval's apply_chat_template)"),
         option("--device", default=None), option("--dtype", default=None))),
     "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
         RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),

@@ -21,13 +21,14 @@ logger = logging.getLogger(__name__)
 
 
 def evaluation_of(run_dir: Path, tasks: list[str] | None = None, **options) -> EvaluationSection:
-    """The tasks to score: ``tasks`` (and ``options``: limit, num_fewshot, batch_size) over the run's own
-    ``evaluation`` section (its resolved ``recipe.yaml``)."""
+    """The tasks to score: ``tasks`` (and ``options``: limit, num_fewshot, batch_size, apply_chat_template) over the
+    run's own ``evaluation`` section (its resolved ``recipe.yaml``)."""
     recipe_file = run_dir / run_folder.RECIPE
     section = {}
     if recipe_file.is_file():
         section = (yaml.safe_load(recipe_file.read_text()) or {}).get("evaluation") or {}
-    section = {k: v for k, v in section.items() if k in ("tasks", "limit", "num_fewshot", "batch_size")}
+    section = {k: v for k, v in section.items() if k in ("tasks", "limit", "num_fewshot", "batch_size",
+                                                          "apply_chat_template")}
     section.update({k: v for k, v in options.items() if v is not None})
     if tasks:
         section["tasks"] = tasks
@@ -117,7 +118,8 @@ def eval_command(args) -> None:
     tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
     lines = evaluate_run(args.run_dir, checkpoint=args.checkpoint, watch=args.watch, interval=args.interval,
                          device=args.device, dtype=args.dtype, tasks=tasks, limit=args.limit,
-                         num_fewshot=args.num_fewshot, batch_size=args.batch_size)
+                         num_fewshot=args.num_fewshot, batch_size=args.batch_size,
+                         apply_chat_template=args.apply_chat_template)
     if not args.watch:  # --watch prints each line as it is scored
         for line in lines:
             print(json.dumps(line))

@@ -21,7 +21,7 @@ class Harness:
     ones and the folders of the recipe's task YAMLs), scored on any model with ``score``."""
 
     def __init__(self, tasks: list[str], limit: float | None = None, num_fewshot: int | None = None,
-                 batch_size: int = 8, seed: int = 0):
+                 batch_size: int = 8, seed: int = 0, apply_chat_template: bool = False):
         from lm_eval.tasks import TaskManager
 
         self.tasks = [task_label(task) for task in tasks]
@@ -30,6 +30,7 @@ class Harness:
         # lm-eval's own ~15k task files are indexed (~10 s) only when the recipe names one of them
         self.task_manager = TaskManager(include_path=sorted(folders), include_defaults=registered)
         self.limit, self.num_fewshot, self.batch_size, self.seed = limit, num_fewshot, batch_size, seed
+        self.apply_chat_template = apply_chat_template
 
     def score(self, model, tokenizer) -> dict[str, float]:
         """Every task's metrics on ``model`` as ``{"<task>_<metric>": value}`` (in eval mode, gradients off; the
@@ -47,6 +48,7 @@ class Harness:
                 results = lm_eval.simple_evaluate(
                     model=lm, tasks=list(self.tasks), num_fewshot=self.num_fewshot, limit=self.limit,
                     task_manager=self.task_manager, bootstrap_iters=0, log_samples=False,
+                    apply_chat_template=self.apply_chat_template,
                     random_seed=self.seed, numpy_random_seed=self.seed, torch_random_seed=self.seed,
                     fewshot_random_seed=self.seed)
         finally:
@@ -78,7 +80,8 @@ def build_harness(evaluation, seed: int = 0) -> Harness | None:
     except ImportError as err:
         raise HfTuneError("evaluation.tasks needs lm-evaluation-harness: pip install 'hf_tune[eval]'") from err
     return Harness(evaluation.tasks, limit=evaluation.limit, num_fewshot=evaluation.num_fewshot,
-                   batch_size=evaluation.batch_size, seed=seed)
+                   batch_size=evaluation.batch_size, seed=seed,
+                   apply_chat_template=evaluation.apply_chat_template)
 
 
 def _is_yaml(task: str) -> bool:

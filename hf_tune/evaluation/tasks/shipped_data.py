@@ -12,3 +12,10 @@ def load_arithmetic(**_metadata):
     import datasets
 
     return datasets.load_dataset("json", data_files={"test": str(HERE / "hf_tune_arithmetic.jsonl")})
+
+
+def load_chat_skills(**_metadata):
+    """hf_tune_chat_skills' examples as a ``DatasetDict`` with one ``test`` split."""
+    import datasets
+
+    return datasets.load_dataset("json", data_files={"test": str(HERE / "hf_tune_chat_skills.jsonl")})
