@@ -75,9 +75,7 @@ def _train(run: Run, resume: str | None, started: str):
             f"ones this recipe builds ({err})\n  fix: restore the keys that decide which parameters share a group "
             "(weight_decay zero or not, optim.layerwise_lr_decay, optim.head_lr, optim.no_decay, lora); learning "
             "rates and weight decay values may change on resume, the grouping may not") from None
-    if trainer.is_fsdp_enabled:  # Trainer.save_model writes nothing from a sharded state dict (the checkpoints' type)
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    trainer.save_model()  # adapter (LoRA) or full model, plus the tokenizer and its chat template (or the processor)
+    save_final_model(trainer)
     if main:
         save_class_labels(trainer, recipe, run_dir)
     trainer.log_metrics("train", result.metrics)
@@ -125,3 +123,12 @@ def how_to_use(recipe: Recipe, output_dir: str) -> str:
         lines.append(f"  chat with it:  hf-tune chat {output_dir}")
     lines.append(f"  load it:       {loader}; model = Auto.from_pretrained({str(output_dir)!r})")
     return "\n".join(lines)
+
+
+def save_final_model(trainer) -> None:
+    """The adapter (LoRA) or full model into ``output_dir``, with the tokenizer and its chat template (or the
+    processor). Under FSDP the state dict is gathered whole first: ``Trainer.save_model`` writes nothing from a
+    sharded state dict (the type the checkpoints use)."""
+    if trainer.is_fsdp_enabled:
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model()

@@ -13,6 +13,7 @@ from hf_tune import load_recipe
 from hf_tune.build.run_build import build_run
 from hf_tune.trainer.checkpoints import resume_checkpoint
 from hf_tune.build.training_args import build_training_arguments
+from hf_tune.commands.train import save_final_model
 
 recipe = load_recipe(sys.argv[1])
 args = build_training_arguments(recipe)
@@ -39,4 +40,4 @@ class DumpAdapter(TrainerCallback):
 
 trainer.add_callback(DumpAdapter())
 trainer.train(resume_from_checkpoint=resume_checkpoint(Path(args.output_dir), "auto"))
-trainer.save_model()
+save_final_model(trainer)  # as hf_tune.train ends: the whole adapter, gathered from the shards
