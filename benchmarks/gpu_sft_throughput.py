@@ -13,7 +13,9 @@ standard-library docstrings), each in its own process, one after the other:
   sdpa_varlen; token-budget packs of whole chats, padding-free, LM head on trained positions only);
 - trl_fastest: TRL's SFTTrainer with packing (bfd) + padding_free, rows of 1,024, on flash attention where
   installed, else SDPA;
-- trl_liger: the same with use_liger_kernel (Liger's fused linear cross-entropy, RMSNorm, RoPE, SwiGLU).
+- trl_liger: the same with use_liger_kernel (Liger's fused linear cross-entropy, RMSNorm, RoPE, SwiGLU);
+- hf_tune_unchunked / hf_tune_chunked: hf_tune with ``model.chunked_loss`` off / on, whatever the default;
+- hf_tune_liger: hf_tune with ``training.use_liger_kernel`` (Liger's layer kernels; the loss stays hf_tune's).
 
 Reported: real tokens per second over the epoch (counted by hf_tune's tokenization of the same chats, so every setup
 divides the same number) and its ratio to hf_tune, peak GPU memory, mean training loss, MFU (hf_tune.trainer.throughput's
@@ -43,6 +45,9 @@ TRAINING = {"learning_rate": 2.0e-4, "num_train_epochs": 1, "lr_scheduler_type":
             "report_to": "none", "seed": 42, "dataloader_num_workers": 0, "gradient_checkpointing": False}
 SETUPS = {
     "hf_tune": "hf_tune GPU defaults (token-budget packs of 8,192)",
+    "hf_tune_unchunked": "hf_tune, model.chunked_loss: false (the head on trained positions, whole)",
+    "hf_tune_chunked": "hf_tune, model.chunked_loss: true (the loss a chunk of positions at a time)",
+    "hf_tune_liger": "hf_tune + training.use_liger_kernel (Liger's RMSNorm, RoPE, SwiGLU kernels)",
     "trl_fastest": "TRL SFTTrainer, packing bfd + padding_free, 8 rows of 1,024",
     "trl_liger": "TRL SFTTrainer, packing bfd + padding_free + use_liger_kernel",
 }
@@ -68,11 +73,16 @@ def build_model_folder(folder: Path, layers: int, hidden: int) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def recipe_dict(model: Path, train: Path, out: Path) -> dict:
-    return {"model": {"pretrained_model_name_or_path": str(model), "dtype": "bfloat16"}, "lora": dict(LORA),
-            "data": {"format": "chat", "train": {"path": str(train)}, "max_length": MAX_LENGTH,
-                     "batch_tokens": TOKENS_PER_STEP},
-            "training": {"output_dir": str(out), "resume_from_checkpoint": "never", **TRAINING}}
+def recipe_dict(model: Path, train: Path, out: Path, setup: str = "hf_tune") -> dict:
+    recipe = {"model": {"pretrained_model_name_or_path": str(model), "dtype": "bfloat16"}, "lora": dict(LORA),
+              "data": {"format": "chat", "train": {"path": str(train)}, "max_length": MAX_LENGTH,
+                       "batch_tokens": TOKENS_PER_STEP},
+              "training": {"output_dir": str(out), "resume_from_checkpoint": "never", **TRAINING}}
+    if setup in ("hf_tune_unchunked", "hf_tune_chunked"):
+        recipe["model"]["chunked_loss"] = setup == "hf_tune_chunked"
+    if setup == "hf_tune_liger":
+        recipe["training"]["use_liger_kernel"] = True
+    return recipe
 
 
 def run_setup(setup: str, model_dir: Path, train: Path, out: Path) -> dict:
@@ -85,11 +95,11 @@ def run_setup(setup: str, model_dir: Path, train: Path, out: Path) -> dict:
     from hf_tune.model.attention import loaded_attn_implementation
 
     shutil.rmtree(out, ignore_errors=True)
-    recipe = load_recipe(recipe_dict(model_dir, train, out))
+    recipe = load_recipe(recipe_dict(model_dir, train, out, setup))
     unpacked = recipe_dict(model_dir, train, out)
     unpacked["data"]["batch_tokens"] = None  # the chats themselves, for the token and FLOP counts
     trained_set, _ = build_datasets(load_recipe(unpacked), build_tokenizer(recipe))
-    if setup == "hf_tune":
+    if setup.startswith("hf_tune"):
         trainer = hf_train(recipe)
         metrics = json.loads((out / "train_results.json").read_text())
     else:
@@ -130,7 +140,7 @@ def run_trl(setup: str, model_dir: Path, train: Path, out: Path):
 
 
 def run_in_subprocess(setup: str, ns) -> dict:
-    if setup == "trl_liger" and importlib.util.find_spec("liger_kernel") is None:
+    if setup in ("trl_liger", "hf_tune_liger") and importlib.util.find_spec("liger_kernel") is None:
         return {"setup": setup, "failed": "liger-kernel is not installed (pip install liger-kernel)"}
     last = ns.work / f"{setup}.last.json"
     last.unlink(missing_ok=True)
@@ -176,7 +186,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2000, help="training chats (one epoch)")
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--hidden", type=int, default=1536, help="a multiple of 128 (head_dim 128)")
-    parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}")
+    parser.add_argument("--setups", default="hf_tune,trl_fastest,trl_liger", help=f"comma-separated, from {', '.join(SETUPS)}")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_gpu")
     parser.add_argument("--out", type=Path, help="where the table goes (default: WORK/gpu_sft_throughput.md)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one setup in this process
