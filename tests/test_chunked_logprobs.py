@@ -71,6 +71,27 @@ def test_a_frozen_head_gets_no_gradient_and_the_hidden_states_still_do():
     torch.testing.assert_close(grads(loss, hidden)[0], grads(expected, hidden)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk_size", [3, 1000])
+def test_a_frozen_head_with_bias_scale_and_softcap_gives_each_positions_own_gradient_without_recomputing(chunk_size):
+    """With the head frozen (LoRA), the rows' gradient is computed in forward: a weighted sum over positions (every
+    position's upstream gradient differs) still gets log_softmax's gradient, and backward projects nothing."""
+    hidden, weight, targets, bias = inputs(bias=True)
+    weight.requires_grad_(False), bias.requires_grad_(False)
+    hidden3d = hidden.reshape(1, N, H).expand(2, N, H)
+    targets3d = torch.stack([targets, targets.roll(1)])
+    upstream = torch.linspace(-1, 1, 2 * N).reshape(2, N)
+    logprobs_all = F.log_softmax(full_logits(hidden3d, weight, bias, logit_scale=0.6, softcap=2.5), dim=-1)
+    expected = logprobs_all.gather(-1, targets3d.clamp(min=0)[..., None]).squeeze(-1) * (targets3d != -100)
+    got = chunked_target_logprobs(hidden3d, weight, targets3d, bias, chunk_size=chunk_size, logit_scale=0.6,
+                                  softcap=2.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads((got * upstream).sum(), hidden)[0],
+                               grads((expected * upstream).sum(), hidden)[0], rtol=1e-5, atol=1e-6)
+    saved = saved_for_backward(lambda: chunked_target_logprobs(hidden3d, weight, targets3d, bias,
+                                                               chunk_size=chunk_size, softcap=2.5))
+    assert saved and all(V not in shape for shape in saved)  # neither the head nor any logits: nothing to recompute
+
+
 def test_all_positions_ignored_gives_zero_loss_and_zero_gradients():
     hidden, weight, targets, _ = inputs()
     targets = torch.full_like(targets, -100)

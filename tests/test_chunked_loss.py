@@ -11,12 +11,21 @@ from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2F
 
 from conftest import DATA, chat_recipe
 from hf_tune import build_run, load_recipe
-from hf_tune.data.loss import ChunkedCausalLMLoss
+from hf_tune.data.loss import ChunkedCausalLMLoss, causal_lm_loss
 from hf_tune.errors import RecipeError
-from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
+from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, hidden_state_inputs
 
 SMALL = dict(vocab_size=101, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
              num_key_value_heads=1, head_dim=8)
+
+
+class DoubledLogitsLlama(LlamaForCausalLM):
+    """A model whose forward does more to the logits than the head the chunked loss reads."""
+
+    def forward(self, *args, logits_to_keep=0, **kwargs):
+        outputs = super().forward(*args, logits_to_keep=logits_to_keep, **kwargs)
+        outputs.logits = outputs.logits * 2
+        return outputs
 
 
 def head_rows_projected(model) -> list[int]:
@@ -27,10 +36,11 @@ def head_rows_projected(model) -> list[int]:
     return rows
 
 
-def trained_run(tiny_llama_dir, tmp_path, chunked: bool, lora: bool):
+def trained_run(tiny_llama_dir, tmp_path, chunked: bool | None, lora: bool):
     raw = chat_recipe(tiny_llama_dir, tmp_path / f"run-{chunked}-{lora}", max_steps=3, learning_rate=5e-3,
                       max_grad_norm=1e6)  # no clipping: the logged grad_norm is the raw gradient's
-    raw["model"]["chunked_loss"] = chunked
+    if chunked is not None:
+        raw["model"]["chunked_loss"] = chunked
     if lora:
         raw["lora"] = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": "all-linear"}
     run = build_run(load_recipe(raw))
@@ -49,6 +59,39 @@ def test_sft_steps_with_the_chunked_loss_log_the_losses_and_gradients_of_the_ful
     assert len(losses) == 3 and max(full_rows) > 0 and rows[-3:] == [0, 0, 0]  # training projected no position
     assert losses == pytest.approx(full_losses, rel=1e-5)  # step 2 and 3 follow from step 1's gradients
     assert norms == pytest.approx(full_norms, rel=1e-4)
+
+
+def test_lora_sft_runs_the_chunked_loss_by_default_with_the_losses_and_gradients_of_the_full_logits(tiny_llama_dir,
+                                                                                                    tmp_path):
+    _, full_losses, full_norms, _ = trained_run(tiny_llama_dir, tmp_path, chunked=False, lora=True)
+    run, losses, norms, rows = trained_run(tiny_llama_dir, tmp_path, chunked=None, lora=True)
+    assert isinstance(run.trainer.compute_loss_func, ChunkedCausalLMLoss) and rows[-3:] == [0, 0, 0]
+    assert losses == pytest.approx(full_losses, rel=1e-5)
+    assert norms == pytest.approx(full_norms, rel=1e-4)
+
+
+def test_by_default_a_trained_head_keeps_the_full_logits_and_says_why(tiny_llama_dir, tmp_path, caplog):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run")  # a full fine-tune: the tied head trains
+    with caplog.at_level("INFO", logger="hf_tune.model.chunked_head"):
+        run = build_run(load_recipe(raw))
+    assert run.trainer.compute_loss_func is causal_lm_loss
+    assert "model.chunked_loss: off" in caplog.text and "LM head trains" in caplog.text
+
+
+@pytest.mark.parametrize("model_class, change, reason", [
+    (DoubledLogitsLlama, {}, "not its LM head applied to its last hidden state"),
+    (LlamaForCausalLM, {"logits_to_keep": "all"}, "logits_to_keep is 'all'"),
+], ids=["the probe fails", "all logits asked for"])
+def test_by_default_a_model_or_recipe_the_chunked_loss_cannot_serve_falls_back_with_a_log_line(
+        tiny_llama_dir, tmp_path, caplog, model_class, change, reason):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run")
+    raw["model"].update(change)
+    model = model_class(LlamaConfig(**SMALL)).requires_grad_(False)  # a frozen head, as under LoRA
+    with caplog.at_level("INFO", logger="hf_tune.model.chunked_head"):
+        assert default_chunked_loss_head(load_recipe(raw), model) is None
+    assert "model.chunked_loss: off" in caplog.text and reason in caplog.text
+    assert default_chunked_loss_head(load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run")),
+                                     LlamaForCausalLM(LlamaConfig(**SMALL)).requires_grad_(False)) is not None
 
 
 def test_the_chunked_training_loss_and_gradients_equal_cross_entropy_on_the_models_full_logits(tiny_llama_dir,
@@ -90,15 +133,6 @@ def test_heads_with_scales_and_softcaps_pass_the_probe_and_give_the_models_own_l
     expected = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
     outputs = model(**hidden_state_inputs({"input_ids": ids}, labels))
     torch.testing.assert_close(ChunkedCausalLMLoss(head)(outputs, labels), expected, rtol=1e-5, atol=1e-6)
-
-
-class DoubledLogitsLlama(LlamaForCausalLM):
-    """A model whose forward does more to the logits than the head the chunked loss reads."""
-
-    def forward(self, *args, logits_to_keep=0, **kwargs):
-        outputs = super().forward(*args, logits_to_keep=logits_to_keep, **kwargs)
-        outputs.logits = outputs.logits * 2
-        return outputs
 
 
 def test_a_forward_that_changes_the_logits_beyond_the_head_is_refused_by_the_probe():

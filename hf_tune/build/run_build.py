@@ -32,7 +32,7 @@ from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.model.attention import loaded_attn_implementation
-from hf_tune.model.chunked_head import chunked_loss_head
+from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head
 from hf_tune.model.loading import model_class
 from hf_tune.optim.resume import RecipeHyperparameters
 from hf_tune.recipe.schema import Recipe
@@ -134,11 +134,13 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
 
 
 def causal_loss(recipe: Recipe, model):
-    """The causal LM loss: ``causal_lm_loss``, or with ``model.chunked_loss`` its chunked form through the model's
-    LM head, proven on the model first (``hf_tune.model.chunked_head``)."""
-    if not recipe.model.chunked_loss or model is None:
+    """The causal LM loss: its chunked form through the model's LM head, proven on the model first
+    (``hf_tune.model.chunked_head``), with ``model.chunked_loss: true`` or, left unset, where that proof passes and
+    the head is frozen; else ``causal_lm_loss``."""
+    if recipe.model.chunked_loss is False or model is None:
         return causal_lm_loss
-    return ChunkedCausalLMLoss(chunked_loss_head(model))
+    head = chunked_loss_head(model) if recipe.model.chunked_loss else default_chunked_loss_head(recipe, model)
+    return causal_lm_loss if head is None else ChunkedCausalLMLoss(head)
 
 
 def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,

@@ -5,14 +5,40 @@ taken from a forward that asks for hidden states and no logits, the one training
 from __future__ import annotations
 
 import inspect
+import logging
 
 import torch
 
 from hf_tune.errors import RecipeError
 from hf_tune.model.chunked_logprobs import LogitHead
+from hf_tune.recipe.quantization import weight_sharding
+from hf_tune.recipe.schema import Recipe
+
+logger = logging.getLogger(__name__)
 
 KEY = "model.chunked_loss"
 PROBE_TOKENS = 8
+
+
+def default_chunked_loss_head(recipe: Recipe, model) -> LogitHead | None:
+    """``model.chunked_loss`` left unset: the head where the chunked loss is proven on the model and costs no time
+    (a frozen head, as under LoRA: its backward recomputes no logits), else None, with a log line saying why."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    sharded = weight_sharding(recipe)
+    if recipe.model.logits_to_keep != "trained":
+        reason = "model.logits_to_keep is 'all'"
+    elif sharded is not None:
+        reason = f"{sharded[0]} shards the LM head over ranks"
+    elif head is not None and getattr(head, "weight", None) is not None and head.weight.requires_grad:
+        reason = "the LM head trains, and its chunked backward would recompute the logits (slower)"
+    else:
+        try:
+            return chunked_loss_head(model)
+        except RecipeError as err:
+            reason = err.problem
+    logger.info("%s: off, the loss reads the full logits of the trained positions (%s)", KEY, reason)
+    return None
 
 
 def chunked_loss_head(model) -> LogitHead:

@@ -46,8 +46,11 @@ def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets:
     kept = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
     rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, kept)
     compute_dtype = _compute_dtype(hidden)
+    # a frozen head (LoRA): the rows' gradient is computed in forward, with no logits recomputed in backward
+    rows_only = torch.is_grad_enabled() and rows.requires_grad and not weight.requires_grad and not (
+        bias is not None and bias.requires_grad)
     kept_logprobs = _ChunkedTargetLogprobs.apply(rows, weight, bias, flat_targets.index_select(0, kept), chunk_size,
-                                                 float(logit_scale), softcap, compute_dtype)
+                                                 float(logit_scale), softcap, compute_dtype, rows_only)
     logprobs = torch.zeros(flat_targets.shape, dtype=torch.float32, device=hidden.device)
     return logprobs.index_put((kept,), kept_logprobs).reshape(targets.shape)
 
@@ -93,27 +96,60 @@ def _chunk_logits(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return logits, None
 
 
+def _logprob_grad_of_logits(logits: torch.Tensor, logsumexp: torch.Tensor, targets: torch.Tensor,
+                            grad_out: torch.Tensor | None, slope: torch.Tensor | None, logit_scale: float
+                            ) -> torch.Tensor:
+    """``grad_out`` times d logp[target] / d(raw logits) of one chunk (1 where ``grad_out`` is None), in place of
+    ``logits``: onehot(target) - softmax, through the scale and softcap."""
+    # d logp[t] / d logits = onehot(t) - softmax(logits)
+    grad_logits = logits.sub_(logsumexp[:, None]).exp_()
+    if grad_out is None:
+        grad_logits.neg_().scatter_add_(1, targets[:, None], torch.ones_like(logsumexp)[:, None])
+    else:
+        grad_logits.mul_(-grad_out).scatter_add_(1, targets[:, None], grad_out)
+    if slope is not None:
+        return grad_logits.mul_(slope)
+    if logit_scale != 1.0:
+        return grad_logits.mul_(logit_scale)
+    return grad_logits
+
+
 class _ChunkedTargetLogprobs(torch.autograd.Function):
-    """Target log-probabilities of kept rows; saves only the inputs and one log-sum-exp per row for backward."""
+    """Target log-probabilities of kept rows. Where only the rows need a gradient (``ahead``: a frozen head, LoRA),
+    forward also computes each row's d logp / d row while its chunk's logits exist, and saves that ``[rows, H]`` alone: as
+    each log-probability depends on its own row only, backward is a per-row scale, with no logits recomputed. Where
+    the head trains, forward saves only the inputs and one log-sum-exp per row, and backward recomputes the logits."""
 
     @staticmethod
-    def forward(ctx, rows, weight, bias, targets, chunk_size, logit_scale, softcap, compute_dtype):
+    def forward(ctx, rows, weight, bias, targets, chunk_size, logit_scale, softcap, compute_dtype, ahead):
         with _autocast_off(rows.device.type):
             w, b = weight.to(compute_dtype), None if bias is None else bias.to(compute_dtype)
             logprobs = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
             logsumexp = torch.empty_like(logprobs)
+            grad_rows = torch.empty(rows.shape, dtype=torch.float32, device=rows.device) if ahead else None
             for start in range(0, rows.shape[0], chunk_size):
                 end = min(start + chunk_size, rows.shape[0])
-                logits, _ = _chunk_logits(rows[start:end].to(compute_dtype), w, b, logit_scale, softcap)
+                logits, slope = _chunk_logits(rows[start:end].to(compute_dtype), w, b, logit_scale, softcap)
                 logsumexp[start:end] = torch.logsumexp(logits, dim=-1)
                 logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - logsumexp[start:end]
-        ctx.save_for_backward(rows, weight, bias, targets, logsumexp)
+                if ahead:
+                    grad_logits = _logprob_grad_of_logits(logits, logsumexp[start:end], targets[start:end], None,
+                                                          slope, logit_scale)
+                    grad_rows[start:end] = grad_logits.to(compute_dtype) @ w
+        if ahead:
+            ctx.save_for_backward(grad_rows)
+        else:
+            ctx.save_for_backward(rows, weight, bias, targets, logsumexp)
+        ctx.ahead, ctx.rows_dtype = ahead, rows.dtype
         ctx.chunk_size, ctx.logit_scale, ctx.softcap = chunk_size, logit_scale, softcap
         ctx.compute_dtype = compute_dtype
         return logprobs
 
     @staticmethod
     def backward(ctx, grad_logprobs):
+        if ctx.ahead:
+            (grad_rows,) = ctx.saved_tensors
+            return (grad_rows * grad_logprobs.float()[:, None]).to(ctx.rows_dtype), *(None,) * 8
         rows, weight, bias, targets, logsumexp = ctx.saved_tensors
         need_rows, need_weight, need_bias = ctx.needs_input_grad[:3]
         dtype = ctx.compute_dtype
@@ -126,14 +162,8 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                 end = min(start + ctx.chunk_size, rows.shape[0])
                 chunk = rows[start:end].to(dtype)
                 logits, slope = _chunk_logits(chunk, w, b, ctx.logit_scale, ctx.softcap)
-                grad_out = grad_logprobs[start:end, None].float()
-                # d logp[t] / d logits = onehot(t) - softmax(logits)
-                grad_logits = logits.sub_(logsumexp[start:end, None]).exp_().mul_(-grad_out)
-                grad_logits.scatter_add_(1, targets[start:end, None], grad_out)
-                if slope is not None:
-                    grad_logits.mul_(slope)
-                elif ctx.logit_scale != 1.0:
-                    grad_logits.mul_(ctx.logit_scale)
+                grad_logits = _logprob_grad_of_logits(logits, logsumexp[start:end], targets[start:end],
+                                                      grad_logprobs[start:end, None].float(), slope, ctx.logit_scale)
                 if need_bias:
                     grad_bias += grad_logits.sum(0)
                 grad_logits = grad_logits.to(dtype)
@@ -145,7 +175,7 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                     grad_weight += (grad_logits.T @ chunk).float()
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_rows, grad_weight, grad_bias, None, None, None, None, None
+        return grad_rows, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 @dataclass(frozen=True)

@@ -65,11 +65,13 @@ class ModelSection(_Section):
     logits_to_keep: Literal["trained", "all"] = Field(
         default="trained", description="causal LM training: project onto the vocabulary only the positions whose next "
                                        "token is trained (same loss, less compute and memory), or all positions")
-    chunked_loss: bool = Field(
-        default=False, description="sft causal LM training: the loss from the last hidden state and the LM head a "
-                                   "chunk of positions at a time, logits recomputed in backward, so no [tokens, "
-                                   "vocabulary] logits are kept (same loss; hf_tune.model.chunked_logprobs); proven "
-                                   "on the model before training")
+    chunked_loss: bool | None = Field(
+        default=None, description="sft causal LM training: the loss from the last hidden state and the LM head a "
+                                  "chunk of positions at a time, so no [tokens, vocabulary] logits are kept (same "
+                                  "loss; hf_tune.model.chunked_logprobs); proven on the model before training. Unset: "
+                                  "on where that proof passes and the head is frozen (LoRA: the hidden states' "
+                                  "gradient is computed in forward), else off with a log line; true: required (a "
+                                  "trained head's logits are recomputed in backward); false: off")
     fast_lora_dropout: bool = Field(
         default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.model.dropout: same "
                                   "dropout, p rounded to 1/65536; faster than nn.Dropout on CPU, see docs/speed.md); "
