@@ -291,7 +291,10 @@ def render_breakdown(r: dict, head: dict) -> str:
 # ---------------------------------------------------------------- driver
 
 def run_child(*args: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "child", *args], cwd=REPO, capture_output=True, text=True)
+    """One setup in a fresh process, with a fresh reference cache (a setup must not read another's reference pass)."""
+    env = {**os.environ, "HF_TUNE_CACHE": tempfile.mkdtemp(prefix="hf_tune_bench_cache_")}
+    out = subprocess.run([sys.executable, __file__, "child", *args], cwd=REPO, capture_output=True, text=True,
+                         env=env)
     if out.returncode != 0:
         raise SystemExit(out.stderr[-4000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -303,7 +306,6 @@ def main() -> None:
     parser.add_argument("rest", nargs="*")
     parser.add_argument("--setups", default=",".join(SETUPS))
     args = parser.parse_args()
-    os.environ.setdefault("HF_TUNE_CACHE", tempfile.mkdtemp(prefix="hf_tune_bench_cache_"))  # a fresh reference cache
     if args.what == "child":
         kind, data = args.rest[0], Path(args.rest[1])  # "head": rows and sequence length instead of data
         work = Path(tempfile.mkdtemp(prefix="hf_tune_bench_"))

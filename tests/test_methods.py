@@ -234,6 +234,61 @@ def test_dpo_loss_is_ln2_at_step_0_and_equals_the_loss_written_from_log_probabil
     assert got.item() == pytest.approx(expected.item(), abs=1e-5)
 
 
+def test_dpo_with_trls_activation_checkpointing_has_the_gradient_of_the_loss_written_here(tmp_path, tiny_llama_dir,
+                                                                                           monkeypatch):
+    """hf_tune keeps TRL's activation checkpointing for dpo (build/training_args.py): the recompute must leave a step's
+    gradient as it is. One batch's adapter gradient, with and without it, against the gradient of the DPO loss written
+    here from log-probabilities; the tolerance is how far the run without checkpointing is from the written one (TRL's
+    fused head against a full log_softmax), so checkpointing may add no error of its own."""
+    monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
+    pairs = conversational_pairs(tmp_path / "p.jsonl")
+    gradients, written, batch, adapter = {}, None, None, None
+    for checkpointing in (False, True):
+        raw = method_recipe("dpo", tiny_llama_dir, pairs, tmp_path / f"run-{checkpointing}", beta=0.5)
+        del raw["training"]["gradient_checkpointing"]
+        if not checkpointing:
+            raw["training"]["activation_checkpointing"] = False
+        trainer = build_run(load_recipe(raw)).trainer
+        model = trainer.model
+        assert trainer.args.activation_checkpointing is checkpointing
+        if checkpointing:  # what Trainer.train does first with these arguments
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs=trainer.args.activation_checkpointing_kwargs)
+        assert model.get_base_model().is_activation_checkpointing is checkpointing
+        if adapter is None:  # the first run draws the adapter and the batch; the second takes the same
+            torch.manual_seed(0)
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if "lora_B" in name:
+                        param.normal_(0, 0.05)
+            adapter = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            batch = next(iter(trainer.get_train_dataloader()))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if param.requires_grad:
+                    param.copy_(adapter[name])
+        model.train()
+        trainer.compute_loss(model, batch).backward()
+        gradients[checkpointing] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        if not checkpointing:  # the loss written from log-probabilities, on the model without checkpointing
+            model.zero_grad()
+            with torch.no_grad(), model.disable_adapter():
+                ref_chosen, ref_rejected = sequence_logps(model, batch)
+            chosen, rejected = sequence_logps(model, batch)
+            beta = trainer.args.beta
+            (-F.logsigmoid(beta * ((chosen - ref_chosen) - (rejected - ref_rejected))).mean()).backward()
+            written = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    def distance(grads: dict) -> float:
+        return max((grads[n] - written[n]).abs().max().item() for n in written)
+
+    scale = max(g.abs().max().item() for g in written.values())
+    assert scale > 1e-4  # the adapter is away from the reference: the gradient is not zero
+    floor = distance(gradients[False])
+    assert floor < 1e-3 * scale  # the two computations of the same loss agree
+    assert distance(gradients[True]) <= 2 * floor + 1e-7 * scale
+
+
 def test_dpo_optimizer_has_hf_tunes_groups_with_the_lr_of_their_depth(tmp_path, tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
     raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",

@@ -48,7 +48,19 @@ def training_kwargs(recipe: Recipe) -> dict:
     if method.reference and "precompute_ref_log_probs" in _fields(method.config):
         # computed once and cached across runs (hf_tune.trainer.reference): the steps then run no reference forward
         kwargs.setdefault("precompute_ref_log_probs", True)
+    if method.reference and not {"activation_checkpointing", "gradient_checkpointing"} & kwargs.keys():
+        kwargs["activation_checkpointing"] = True  # TRL's default, stated so that `hf-tune effective` shows it
+        if kwargs.get("precompute_ref_log_probs"):
+            _log_reference_checkpointing(recipe.method)
     return kwargs
+
+
+@functools.cache  # once per process, like the bf16 line
+def _log_reference_checkpointing(method: str) -> None:
+    logger.info("training.activation_checkpointing: true (TRL's %s default, kept): with the reference "
+                "log-probabilities precomputed, a step's recompute costs about the reference forward it no longer "
+                "runs, and the step keeps each layer's input instead of every activation (benchmarks/dpo_memory.py)",
+                method)
 
 
 def gpu_defaults(kwargs: dict, cuda: bool, bf16_supported: bool, launcher_precision: str | None = None) -> dict:
