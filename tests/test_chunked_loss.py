@@ -56,7 +56,8 @@ def test_sft_steps_with_the_chunked_loss_log_the_losses_and_gradients_of_the_ful
     _, full_losses, full_norms, full_rows = trained_run(tiny_llama_dir, tmp_path, chunked=False, lora=lora)
     run, losses, norms, rows = trained_run(tiny_llama_dir, tmp_path, chunked=True, lora=lora)
     assert isinstance(run.trainer.compute_loss_func, ChunkedCausalLMLoss)
-    assert len(losses) == 3 and max(full_rows) > 0 and rows[-3:] == [0, 0, 0]  # training projected no position
+    # training projected one position a row (logits_to_keep=1; a batch is at most 2 rows), not the trained positions
+    assert len(losses) == 3 and max(full_rows) > 2 and max(rows[-3:]) <= 2
     assert losses == pytest.approx(full_losses, rel=1e-5)  # step 2 and 3 follow from step 1's gradients
     assert norms == pytest.approx(full_norms, rel=1e-4)
 
@@ -65,7 +66,7 @@ def test_lora_sft_runs_the_chunked_loss_by_default_with_the_losses_and_gradients
                                                                                                     tmp_path):
     _, full_losses, full_norms, _ = trained_run(tiny_llama_dir, tmp_path, chunked=False, lora=True)
     run, losses, norms, rows = trained_run(tiny_llama_dir, tmp_path, chunked=None, lora=True)
-    assert isinstance(run.trainer.compute_loss_func, ChunkedCausalLMLoss) and rows[-3:] == [0, 0, 0]
+    assert isinstance(run.trainer.compute_loss_func, ChunkedCausalLMLoss) and max(rows[-3:]) <= 2
     assert losses == pytest.approx(full_losses, rel=1e-5)
     assert norms == pytest.approx(full_norms, rel=1e-4)
 
@@ -131,7 +132,7 @@ def test_heads_with_scales_and_softcaps_pass_the_probe_and_give_the_models_own_l
     labels = ids.masked_fill(torch.rand(ids.shape) < 0.3, -100)
     logits = model(input_ids=ids).logits
     expected = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-    outputs = model(**hidden_state_inputs({"input_ids": ids}, labels))
+    outputs = model(**hidden_state_inputs({"input_ids": ids}))
     torch.testing.assert_close(ChunkedCausalLMLoss(head)(outputs, labels), expected, rtol=1e-5, atol=1e-6)
 
 

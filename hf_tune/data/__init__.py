@@ -119,8 +119,12 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
         # where a tiny model of the architecture gave each flattened example its own logits (packing_probe).
         padding_free = (model_class is not None and (apart or not recipe.data.batch_tokens)
                         and supports_padding_free(model_class, attention, config))
+    # Liger's patched forward (training.use_liger_kernel) slices hidden_states[:, logits_to_keep, :]: an integer or a
+    # 1-D index, not the [batch, positions] mask, so under it the model projects all positions (or, with the chunked
+    # loss, none: hf_tune.model.chunked_head.hidden_state_inputs)
     trained_only = (recipe.model.logits_to_keep == "trained" and model_class is not None
-                    and "logits_to_keep" in inspect.signature(model_class.forward).parameters)
+                    and "logits_to_keep" in inspect.signature(model_class.forward).parameters
+                    and not recipe.training.get("use_liger_kernel"))
     return CausalLMCollator(tokenizer, padding_free, trained_only, example_boundaries=apart and padding_free)
 
 

@@ -46,8 +46,8 @@ def per_item(total: torch.Tensor, trained: int, num_items_in_batch: torch.Tensor
 class ChunkedCausalLMLoss:
     """``causal_lm_loss`` from the last hidden state and the LM head, a chunk of positions at a time with the logits
     recomputed in backward (hf_tune.model.chunked_logprobs): no ``[positions, vocabulary]`` tensor. Training forwards
-    ask for hidden states and no logits (``hf_tune.model.chunked_head.hidden_state_inputs``); a forward that returned
-    logits (evaluation) gets ``causal_lm_loss``."""
+    ask for hidden states and one position's logits a row (``hf_tune.model.chunked_head.hidden_state_inputs``); a
+    forward without hidden states (evaluation) gets ``causal_lm_loss`` on its logits."""
 
     def __init__(self, head: LogitHead):
         self.head = head
@@ -55,7 +55,7 @@ class ChunkedCausalLMLoss:
     def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
                  ) -> torch.Tensor:
         hidden_states = outputs.get("hidden_states")
-        if hidden_states is None or outputs["logits"].numel():
+        if hidden_states is None:
             return causal_lm_loss(outputs, labels, num_items_in_batch)
         last = hidden_states[-1]
         targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).to(last.device)

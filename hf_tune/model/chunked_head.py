@@ -1,6 +1,6 @@
 """The LM head the chunked loss reads (``model.chunked_loss``), found through public accessors and proven on the
 model itself before training: its logits on a few tokens must equal the head applied to its last hidden state,
-taken from a forward that asks for hidden states and no logits, the one training then runs."""
+taken from a forward that asks for hidden states and one position's logits a row, the one training then runs."""
 
 from __future__ import annotations
 
@@ -63,16 +63,16 @@ def chunked_loss_head(model) -> LogitHead:
     return logit_head
 
 
-def hidden_state_inputs(inputs: dict, labels: torch.Tensor) -> dict:
-    """A training batch's model inputs asking for the last hidden state and no logits (an all-False
-    ``logits_to_keep`` mask projects no position onto the vocabulary)."""
-    return {**inputs, "logits_to_keep": torch.zeros(labels.shape, dtype=torch.bool, device=labels.device),
-            "output_hidden_states": True}
+def hidden_state_inputs(inputs: dict) -> dict:
+    """A training batch's model inputs asking for the hidden states and the logits of one position a row
+    (``logits_to_keep=1``: a [rows, 1, vocabulary] product). Not an all-False mask: Liger's patched forward
+    (``training.use_liger_kernel``) slices ``hidden_states[:, logits_to_keep, :]`` and takes no 2-D mask."""
+    return {**inputs, "logits_to_keep": 1, "output_hidden_states": True}
 
 
 def check_head_reproduces_logits(model, head: LogitHead) -> None:
     """The model's own log-probabilities of a few tokens equal ``head`` applied to the last hidden state of a
-    no-logits forward, within the rounding of the head's dtype: the proof that the chunked loss is the model's."""
+    one-position-logits forward, within the rounding of the head's dtype: the proof that the chunked loss is the model's."""
     weight = head.linear.weight
     device = model.get_input_embeddings().weight.device
     ids = (torch.arange(PROBE_TOKENS, device=device) * 7919 % weight.shape[0])[None]
@@ -82,7 +82,7 @@ def check_head_reproduces_logits(model, head: LogitHead) -> None:
     try:
         with torch.no_grad():
             logits = model(input_ids=ids, use_cache=False).logits.float()
-            outputs = model(**hidden_state_inputs({"input_ids": ids, "use_cache": False}, ids))
+            outputs = model(**hidden_state_inputs({"input_ids": ids, "use_cache": False}))
             got = head.target_logprobs(outputs.hidden_states[-1].to(weight.device), targets.to(weight.device))
     finally:
         model.train(was_training)
@@ -90,7 +90,11 @@ def check_head_reproduces_logits(model, head: LogitHead) -> None:
     unit_roundoff = torch.finfo(weight.dtype).eps / 2
     tolerance = 1e-4 if weight.dtype == torch.float32 else 8 * unit_roundoff * float(logits.abs().max()) + 1e-3
     difference = float((got - expected).abs().max())
-    if outputs.logits.numel() or not difference <= tolerance:
+    if outputs.logits.shape[-2] != 1:
+        raise RecipeError(KEY, f"{type(model).__name__}'s forward returned logits of {outputs.logits.shape[-2]} "
+                          "positions when asked for one (logits_to_keep=1): it would compute every position's logits "
+                          "anyway", fix="remove model.chunked_loss")
+    if not difference <= tolerance:
         raise RecipeError(KEY, f"{type(model).__name__}'s logits are not its LM head applied to its last hidden state "
                           f"(largest log-probability difference {difference:.3g} on {PROBE_TOKENS} tokens, tolerance "
                           f"{tolerance:.3g}): its forward does more than the chunked loss knows (lm_head, logit_scale, "

@@ -103,11 +103,15 @@ class HfTuneMixin:
         throughput, loss_guard = self.throughput, self.loss_guard
         if throughput is not None and model.training and "completion_ids" in inputs and "input_ids" not in inputs:
             throughput.add(generated_batch(inputs))  # GRPO: the batch is known once its completions are sampled
+        if self.compute_loss_func is not None and "skip_logits" in inputs:
+            # Trainer's evaluation asks Liger's forward (training.use_liger_kernel) for its own loss and no logits;
+            # hf_tune's loss takes the labels from the model's inputs and reads the logits or hidden states itself
+            inputs = {key: value for key, value in inputs.items() if key != "skip_logits"}
         if model.training and isinstance(self.compute_loss_func, ChunkedCausalLMLoss) and "labels" in inputs:
-            # model.chunked_loss: hidden states and no logits from the forward; the head runs in the loss, under
+            # model.chunked_loss: hidden states and no full logits from the forward; the head runs in the loss, under
             # the forward's autocast (accelerate's public context) as the model's own lm_head would
             with self.accelerator.autocast():
-                result = super().compute_loss(model, hidden_state_inputs(inputs, inputs["labels"]), return_outputs,
+                result = super().compute_loss(model, hidden_state_inputs(inputs), return_outputs,
                                               num_items_in_batch)
         else:
             result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
