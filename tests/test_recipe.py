@@ -272,9 +272,11 @@ def test_validate_shows_the_values_hf_tune_decides_marked_as_its_defaults(tiny_l
     assert load_recipe(effective).training["resume_from_checkpoint"] == "auto"  # what it shows is a recipe
 
     raw["model"]["attn_implementation"] = "eager"  # the recipe's choice: shown unmarked, and packs stay padded
+    raw["training"]["resume_from_checkpoint"] = "auto"  # the recipe's own, though equal to the default: unmarked
     cli_main(["validate", str(write_recipe(tmp_path / "r.yaml", raw))])
     shown = capsys.readouterr().out
     assert "  attn_implementation: eager\n" in shown and "  padding_free: false  # hf_tune's default" in shown
+    assert "  resume_from_checkpoint: auto\n" in shown
 
 
 def test_the_readme_example_recipe_is_the_shipped_one_abridged():

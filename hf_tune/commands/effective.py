@@ -24,7 +24,8 @@ def hf_tune_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
     """{section: {key: value}} of the values hf_tune fills in for this recipe on this machine."""
     training = {key: value for key, value in training_kwargs(recipe).items()
                 if key not in recipe.training and key not in ("run_name", "project")}  # those two: tracking's
-    training.setdefault("resume_from_checkpoint", "auto")
+    if "resume_from_checkpoint" not in recipe.training:  # a recipe's own `auto` is the recipe's, not marked
+        training["resume_from_checkpoint"] = "auto"
     if "enable_jit_checkpoint" not in recipe.training:
         training["enable_jit_checkpoint"] = saves_on_signal(recipe)  # upstream's default: off
     defaults = {"training": training}
