@@ -14,7 +14,7 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.build.run_build import Run, build_run
 from hf_tune.trainer.checkpoints import resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
-from hf_tune.trainer.hooks import callback_of
+from hf_tune.trainer.callback_lookup import callback_of
 from hf_tune.trainer.rollback import StepSkips, earlier_rollbacks, skipped_batches, train_with_rollbacks
 from hf_tune.trainer.world_size import fit_world_size
 from hf_tune.runtime.distributed import check_distributed

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import TypeVar
 
 import torch
 from accelerate.data_loader import IterableDatasetShard
@@ -18,6 +17,7 @@ from hf_tune.data.loss import ChunkedCausalLMLoss
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
 from hf_tune.evaluation.downstream import DownstreamScores
+from hf_tune.trainer.callback_lookup import callback_of
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 from hf_tune.trainer.rollback import StepSkips
 from hf_tune.catalog.methods import method_of
@@ -26,8 +26,6 @@ from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer.reference import ReferenceLogpsCache
 from hf_tune.trainer.throughput import Throughput
-
-C = TypeVar("C")
 
 
 class HfTuneMixin:
@@ -146,11 +144,6 @@ class HfTuneMixin:
         if "eval_loss" in logs and self.perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
-
-
-def callback_of(trainer: Trainer, kind: type[C]) -> C | None:
-    """The trainer's callback of class ``kind``, or None."""
-    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, kind)), None)
 
 
 def generated_batch(inputs: Mapping) -> dict[str, torch.Tensor]:

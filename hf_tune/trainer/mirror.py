@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle import run_folder
 from hf_tune.trainer.checkpoints import MARKER, checkpoints, is_complete, last_complete_checkpoint
-from hf_tune.trainer.hooks import callback_of
+from hf_tune.trainer.callback_lookup import callback_of
 
 logger = logging.getLogger(__name__)
 RUN_FILES = (run_folder.RECIPE, run_folder.MANIFEST, run_folder.WANDB_RUN_ID, run_folder.MLFLOW_RUN_ID)

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.runtime.distributed import decided_on_main
+from hf_tune.trainer.callback_lookup import callback_of
 from hf_tune.trainer.checkpoints import NonFiniteLoss, last_complete_checkpoint
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 
@@ -75,7 +76,7 @@ def train_with_rollbacks(trainer, resume: str | None, limit: int, rollbacks: lis
     """``trainer.train``, rolled back to the last complete checkpoint at a non-finite loss, at most ``limit`` times
     in all (``rollbacks``: those of earlier launches of this run, from run.json, extended here). Every rank calls it
     and takes the main process's choice of checkpoint."""
-    skips = next((c for c in trainer.callback_handler.callbacks if isinstance(c, StepSkips)), None)
+    skips = callback_of(trainer, StepSkips)
     if skips is not None:
         skips.steps.update(r["step"] for r in rollbacks)
     while True:
