@@ -131,17 +131,19 @@ def test_the_activation_estimate_covers_what_autograd_keeps(checkpointing):
         assert measured >= 0.6 * estimate
 
 
-def test_under_liger_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa: F811
-    """Liger's fused linear cross-entropy never holds the logits: 12 bytes (float32 logits, softmax, gradient) per
-    token and vocabulary entry less, and nothing else changes."""
+def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa: F811
+    """The chunked loss (on by default under LoRA, whose LM head is frozen) never holds the logits: 12 bytes (float32
+    logits, softmax, gradient) per token and vocabulary entry less than with ``model.chunked_loss: false``, and
+    nothing else changes; a full fine-tune (the head trains) keeps them."""
     from hf_tune import load_recipe
     from hf_tune.commands.plan import plan
 
     path = REPO / "recipes/scale/gemma-3-1b-1x24gb.yaml"
-    plain = plan(load_recipe(path), out_dir=tmp_path)
-    liger = plan(load_recipe(path, ["training.use_liger_kernel=true"]), out_dir=tmp_path)
-    tokens = plain["activations"]["tokens"]
-    assert tokens == 4096 and plain["activations"]["bytes"] - liger["activations"]["bytes"] == 12 * tokens * 262_144
+    chunked = plan(load_recipe(path), out_dir=tmp_path)
+    full = plan(load_recipe(path, ["model.chunked_loss=false"]), out_dir=tmp_path)
+    tokens = chunked["activations"]["tokens"]
+    assert tokens == 8192 and full["activations"]["bytes"] - chunked["activations"]["bytes"] == 12 * tokens * 262_144
+    assert load_recipe(path).lora  # the shipped recipe is LoRA: the default applies
 
 
 def test_a_plan_writes_only_into_its_out_folder(offline, tmp_path, monkeypatch):  # noqa: F811

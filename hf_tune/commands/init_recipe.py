@@ -156,8 +156,8 @@ def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: f
             f"{choice.tokens * choice.accumulation * gpus:,} tokens an optimizer step",
             "# attention, bf16 and Liger kernels: hf_tune decides on the GPU it runs on (see README, GPU quick start)"]
     parts = ["\n".join(head)] + [block(section) for section in recipe]
-    liger = ("  # use_liger_kernel: true  # on a GPU with `pip install liger-kernel`: fused kernels and a loss that never "
-             "holds the full logits (plan then counts none)\n")
+    liger = ("  # use_liger_kernel: true  # on a GPU with `pip install liger-kernel`: Liger's RMSNorm, RoPE and SwiGLU "
+             "kernels (the loss stays hf_tune's chunked one)\n")
     return "\n".join(parts).replace("\noptim:", liger + "\noptim:")
 
 

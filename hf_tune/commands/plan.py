@@ -17,6 +17,7 @@ from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, mode
                             quantized_model_state_memory, quantized_weight_memory, recipe_setup)
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_tokenizer
+from hf_tune.model.chunked_head import expects_chunked_loss
 from hf_tune.model.meta import build_meta_model
 from hf_tune.model.quantization import describe
 from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
@@ -172,7 +173,9 @@ def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = N
     fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
     checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
                         for key in ("activation_checkpointing", "gradient_checkpointing"))
-    fused_loss = bool(recipe.training.get("use_liger_kernel"))  # Liger's loss never holds the full logits
+    # no [tokens, vocabulary] logits: TRL's fused LM head (DPO, KTO, GRPO), or hf_tune's chunked loss (SFT;
+    # model.chunked_loss, on by default under LoRA)
+    fused_loss = method_of(recipe.method).uses_trl or expects_chunked_loss(recipe)
     # the estimate counts a decoder's tokens: an image model's activations (and a VLM's tower's) are not estimated
     activations = 0 if not tokens else activation_memory(
         model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,

@@ -25,11 +25,9 @@ def default_chunked_loss_head(recipe: Recipe, model) -> LogitHead | None:
     (a frozen head, as under LoRA: its backward recomputes no logits), else None, with a log line saying why."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    sharded = weight_sharding(recipe)
-    if recipe.model.logits_to_keep != "trained":
-        reason = "model.logits_to_keep is 'all'"
-    elif sharded is not None:
-        reason = f"{sharded[0]} shards the LM head over ranks"
+    reason = recipe_turns_chunked_loss_off(recipe)
+    if reason is not None:
+        pass
     elif head is not None and getattr(head, "weight", None) is not None and head.weight.requires_grad:
         reason = "the LM head trains, and its chunked backward would recompute the logits (slower)"
     else:
@@ -39,6 +37,25 @@ def default_chunked_loss_head(recipe: Recipe, model) -> LogitHead | None:
             reason = err.problem
     logger.info("%s: off, the loss reads the full logits of the trained positions (%s)", KEY, reason)
     return None
+
+
+def recipe_turns_chunked_loss_off(recipe: Recipe) -> str | None:
+    """Why the recipe alone keeps the default chunked loss off (the full logits of the trained positions), or None."""
+    if recipe.model.logits_to_keep != "trained":
+        return "model.logits_to_keep is 'all'"
+    sharded = weight_sharding(recipe)
+    return None if sharded is None else f"{sharded[0]} shards the LM head over ranks"
+
+
+def expects_chunked_loss(recipe: Recipe) -> bool:
+    """Whether an SFT run of ``recipe`` will compute the chunked loss, judged without the model (for ``plan``): the
+    key's value, else on under LoRA that leaves the LM head frozen. The run itself also proves the head on the model
+    and falls back where that fails."""
+    if recipe.model.chunked_loss is not None:
+        return recipe.model.chunked_loss
+    lora = recipe.lora or {}
+    head_trains = recipe.lora is None or "lm_head" in f"{lora.get('target_modules')} {lora.get('modules_to_save')}"
+    return not head_trains and recipe_turns_chunked_loss_off(recipe) is None
 
 
 def chunked_loss_head(model) -> LogitHead:
