@@ -175,7 +175,8 @@ def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = N
                         for key in ("activation_checkpointing", "gradient_checkpointing"))
     # no [tokens, vocabulary] logits: TRL's fused LM head (DPO, KTO, GRPO), or hf_tune's chunked loss (SFT;
     # model.chunked_loss, on by default under LoRA)
-    fused_loss = method_of(recipe.method).uses_trl or expects_chunked_loss(recipe)
+    # (a vision-language run's logits are counted: its chunked loss is decided on the model alone)
+    fused_loss = method_of(recipe.method).uses_trl or (not task.vision_language and expects_chunked_loss(recipe))
     # the estimate counts a decoder's tokens: an image model's activations (and a VLM's tower's) are not estimated
     activations = 0 if not tokens else activation_memory(
         model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
