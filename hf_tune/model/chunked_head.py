@@ -26,11 +26,9 @@ def default_chunked_loss_head(recipe: Recipe, model) -> LogitHead | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     reason = recipe_turns_chunked_loss_off(recipe)
-    if reason is not None:
-        pass
-    elif head is not None and getattr(head, "weight", None) is not None and head.weight.requires_grad:
+    if reason is None and head is not None and getattr(head, "weight", None) is not None and head.weight.requires_grad:
         reason = "the LM head trains, and its chunked backward would recompute the logits (slower)"
-    else:
+    if reason is None:
         try:
             return chunked_loss_head(model)
         except RecipeError as err:
