@@ -1,0 +1,308 @@
+"""Activation memory measured on the recipe's own architecture, not taken from a formula.
+
+What one micro-batch keeps for backward depends on details no closed formula follows: the dropout copy at each LoRA
+input, PEFT's cast of the adapter input, norms computed in float32, q/k norms, the padded gathers of ``sdpa_varlen``,
+autocast's weight copies, the chunked loss. The probe runs them: it builds copies of the recipe's model class from its
+config, with the recipe's dtype, attention, LoRA (rank, dropout, targets), activation checkpointing and loss, runs one
+training forward of a flattened pack the way ``HfTuneMixin.compute_loss`` does, and asks the CPU allocator (torch's
+profiler, ``profile_memory``) how many bytes are still held when the forward returns (what backward reads) and the
+highest it held through forward and backward.
+
+The copies are small, and the figure is scaled back to the recipe's shape:
+
+- **depth**: copies of 1 and 2 decoder layers; every layer keeps the same bytes, so the model's figure is the
+  1-layer figure plus ``layers - 1`` times the difference;
+- **width**: hidden size, MLP width, vocabulary and head dimension divided by ``k`` (heads, key-value heads and the
+  LoRA rank kept), for three values of ``k``; each kept tensor's size is a width times tokens (a term in ``1/k``),
+  a count of heads or ranks times tokens (constant), or a weight copy (``1/k**2``), so three widths fit the three
+  terms exactly and give ``k = 1``;
+- **tokens**: every kept tensor grows with the tokens of the pack, so the figure scales linearly from the probe's
+  pack; the pack keeps the data's ratio of longest to mean example, which sets ``sdpa_varlen``'s padding.
+
+``tests/test_activation_probe.py`` checks the scaled figure against the bytes a real training step of the full
+shape keeps, counted with autograd's saved-tensor hooks (an instrument the probe does not use), within 10 %.
+Where the probe cannot run the architecture (a vision-language model, a config it cannot shrink or build), the
+estimate falls back to ``hf_tune.model.memory.activation_memory``'s formula and says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PROBE_TOKENS = 512  # tokens of the probe's pack: small enough to be cheap, long enough for the loss's chunks
+WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
+SHRINK_FACTORS = (16, 8, 4, 2)  # the largest k whose three values divide every width is taken
+MIN_HEAD_DIM = 8  # rotary embeddings need an even head dimension; a narrower one changes nothing per token
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationEstimate:
+    """Bytes one micro-batch of ``tokens`` keeps for backward (``kept``) and the most held at once through the
+    forward and backward beyond the model states (``peak``), with how they were obtained (``source``: ``probe`` or
+    ``formula``) and a line that says so."""
+
+    kept: int
+    peak: int
+    tokens: int
+    source: str
+    detail: str
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSetup:
+    """What the probe needs to know of a run, decided by the caller from the recipe: the model class and config,
+    the dtype of the weights, mixed precision, the attention, padding-free packs, the recipe's LoRA section, a fast
+    LoRA dropout, the chunked loss, activation checkpointing (and its kwargs)."""
+
+    model_class: type
+    config: object
+    dtype: torch.dtype
+    mixed_precision: bool
+    attention: str | None
+    padding_free: bool
+    lora: dict | None
+    fast_lora_dropout: bool
+    chunked_loss: bool
+    checkpointing: bool
+    checkpointing_kwargs: dict | None = None
+
+    def key(self) -> tuple:
+        config = self.config.to_json_string(use_diff=False)
+        lora = repr(sorted((self.lora or {}).items()))
+        return (f"{self.model_class.__module__}.{self.model_class.__qualname__}", config, str(self.dtype),
+                self.mixed_precision, self.attention, self.padding_free, lora, self.fast_lora_dropout,
+                self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs))
+
+
+_FITS: dict[tuple, tuple[float, float, str]] = {}
+
+
+def estimate_activations(setup: ProbeSetup, tokens: int, mean_example: float | None = None,
+                         longest_example: int | None = None) -> ActivationEstimate:
+    """The probe's figures for a micro-batch of ``tokens`` tokens. ``mean_example`` / ``longest_example``: the
+    data's tokens per example, which set how much ``sdpa_varlen`` pads (a pack of whole examples of one length
+    when not given). The fit is computed once per setup and padding ratio, and scaled to ``tokens``."""
+    started = time.perf_counter()
+    ratio = 1.0 if not mean_example or not longest_example else min(longest_example, tokens) / mean_example
+    ratio = max(1.0, ratio) if setup.padding_free else 1.0
+    key = (*setup.key(), round(ratio, 2))
+    if key not in _FITS:
+        _FITS[key] = _fit(setup, ratio)
+    per_token_kept, per_token_peak, how = _FITS[key]
+    return ActivationEstimate(kept=round(per_token_kept * tokens), peak=round(per_token_peak * tokens),
+                              tokens=tokens, source="probe", detail=how, seconds=time.perf_counter() - started)
+
+
+def _fit(setup: ProbeSetup, ratio: float) -> tuple[float, float, str]:
+    """(kept bytes per token, peak bytes per token, how) at the recipe's full depth and width."""
+    config = setup.config
+    layers = config.num_hidden_layers
+    factors = shrink_factors(config)
+    lengths = probe_lengths(PROBE_TOKENS, ratio)
+    kept, peak = {}, {}
+    for k in factors:
+        for depth in (1, 2):
+            kept[k, depth], peak[k, depth] = measure(setup, probe_config(config, depth, k), lengths)
+    kept_full = _extrapolate(kept, factors, layers) / PROBE_TOKENS
+    peak_full = _extrapolate(peak, factors, layers) / PROBE_TOKENS
+    widths = f"1/{', 1/'.join(str(k) for k in factors)} width" if factors != (1,) else "full width"
+    how = (f"measured on 1- and 2-layer copies at {widths}, {PROBE_TOKENS} tokens in {len(lengths)} example"
+           f"{'s' if len(lengths) > 1 else ''}, scaled to {layers} layers, full width and the micro-batch's tokens")
+    return kept_full, peak_full, how
+
+
+def _extrapolate(figures: dict, factors: tuple[int, ...], layers: int) -> float:
+    """The full model's figure: per depth, the width fit evaluated at k = 1; then linear in depth."""
+    at_full_width = {depth: width_fit([(k, figures[k, depth]) for k in factors]) for depth in (1, 2)}
+    return at_full_width[1] + (layers - 1) * (at_full_width[2] - at_full_width[1])
+
+
+def width_fit(points: list[tuple[int, float]]) -> float:
+    """The value at k = 1 of ``a + b / k + c / k**2`` through the given (k, value) points (as many terms as points)."""
+    if len(points) == 1:
+        return points[0][1]
+    terms = len(points)
+    matrix = torch.tensor([[1.0 / k ** power for power in range(terms)] for k, _ in points], dtype=torch.float64)
+    values = torch.tensor([value for _, value in points], dtype=torch.float64)
+    coefficients = torch.linalg.solve(matrix, values)
+    return float(coefficients.sum())
+
+
+def shrink_factors(config) -> tuple[int, ...]:
+    """Three width divisors ``k, k/2, k/4`` for the largest ``k`` that divides every width of ``config`` (and leaves
+    an even head dimension of at least ``MIN_HEAD_DIM``), or ``(1,)``: the probe then runs the full width."""
+    if not all(isinstance(getattr(config, key, None), int) for key in WIDTH_KEYS):
+        return (1,)
+    head_dim = _head_dim(config)
+    for k in SHRINK_FACTORS:
+        if k < 4:
+            break
+        dims = [getattr(config, key) for key in WIDTH_KEYS] + [head_dim]
+        if all(dim % k == 0 for dim in dims) and head_dim // k >= MIN_HEAD_DIM and (head_dim // k) % 2 == 0:
+            return (k, k // 2, k // 4)
+    return (1,)
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def probe_config(config, layers: int, k: int):
+    """``config`` with ``layers`` decoder layers (their layer kinds kept from the front of the list) and every width
+    divided by ``k``; token ids the narrower vocabulary lacks are dropped."""
+    small = copy.deepcopy(config)
+    if k > 1:
+        small.head_dim = _head_dim(config) // k  # explicit: the heads keep their number, each narrower
+        for key in WIDTH_KEYS:
+            setattr(small, key, getattr(config, key) // k)
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            ids = getattr(small, key, None)
+            if isinstance(ids, int) and ids >= small.vocab_size or isinstance(ids, list):
+                setattr(small, key, None if key == "pad_token_id" else 0)
+    small.num_hidden_layers = layers
+    if isinstance(getattr(small, "layer_types", None), list):
+        small.layer_types = small.layer_types[:layers]
+    return small
+
+
+def probe_lengths(tokens: int, ratio: float) -> list[int]:
+    """Example lengths of a ``tokens`` pack whose longest example is ``ratio`` times the mean: one long example
+    and equal short ones (``sdpa_varlen`` pads every example to the longest)."""
+    if ratio <= 1.0:
+        return [tokens]
+    count = min(max(2, math.ceil(ratio)), tokens // 2)
+    longest = min(tokens - (count - 1), round(ratio * tokens / count))
+    rest = tokens - longest
+    short = [rest // (count - 1) + (1 if i < rest % (count - 1) else 0) for i in range(count - 1)]
+    return [longest, *short]
+
+
+def probe_batch(lengths: list[int], vocab_size: int, padding_free: bool) -> dict[str, torch.Tensor]:
+    """A training batch of examples with these lengths, every token trained: one flattened row with the example
+    boundaries the collator adds (padding-free), else one padded row per example."""
+    generator = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, vocab_size, (n,), generator=generator) for n in lengths]
+    if padding_free:
+        starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        row = torch.cat(ids).unsqueeze(0)
+        return {"input_ids": row, "labels": row.clone(),
+                "position_ids": torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
+                "cu_seq_lens_q": starts, "cu_seq_lens_k": starts,
+                "max_length_q": max(lengths), "max_length_k": max(lengths)}
+    longest = max(lengths)
+    rows = torch.zeros(len(lengths), longest, dtype=torch.long)
+    mask = torch.zeros(len(lengths), longest, dtype=torch.long)
+    for i, example in enumerate(ids):
+        rows[i, :len(example)], mask[i, :len(example)] = example, 1
+    return {"input_ids": rows, "attention_mask": mask, "labels": rows.masked_fill(mask == 0, -100)}
+
+
+def measure(setup: ProbeSetup, config, lengths: list[int]) -> tuple[int, int]:
+    """(bytes held when the training forward returns, highest bytes held through forward and backward) of one
+    micro-batch on a randomly initialised ``config`` model built as the run builds it, by the CPU allocator's count.
+    The weights, and the gradients of trained ones (model states, counted apart), are not included."""
+    from hf_tune.model.attention import NAME  # registers sdpa_varlen with transformers
+
+    threads, default_dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch.set_default_dtype(setup.dtype)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(0)
+            model = setup.model_class(config)
+            attention = setup.attention if setup.attention != NAME or setup.padding_free else "sdpa"
+            if attention and model.config._attn_implementation != attention:
+                model.set_attn_implementation(attention if attention != "flash_attention_2" else NAME)
+            model = _as_trained(model, setup)
+            batch = probe_batch(lengths, config.vocab_size, setup.padding_free)
+            return _allocated_through_step(model, batch, setup)
+    finally:
+        torch.set_default_dtype(default_dtype)
+        torch.set_num_threads(threads)
+
+
+def _as_trained(model, setup: ProbeSetup):
+    """The model as training runs it: LoRA as ``wrap_lora`` adds it (its dropout, fast or not), checkpointing as
+    ``Trainer`` turns it on, in training mode."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_tune.model.dropout import use_fast_lora_dropout
+
+    if setup.lora is not None:
+        if setup.checkpointing:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **setup.lora))
+        if setup.fast_lora_dropout:
+            use_fast_lora_dropout(model)
+    if setup.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=setup.checkpointing_kwargs
+                                            or {"use_reentrant": False})
+    return model.train()
+
+
+def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool) -> torch.Tensor:
+    """One training forward and its loss as a training step computes them: with mixed precision accelerate runs the
+    forward under autocast and casts its outputs to float32 (``convert_outputs_to_fp32``); ``Trainer.compute_loss``
+    hands the labels to hf_tune's loss, and ``HfTuneMixin.compute_loss`` runs the chunked one under autocast too,
+    from the hidden states, through the model's head."""
+    from hf_tune.data.loss import ChunkedCausalLMLoss, causal_lm_loss
+    from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
+
+    inputs = dict(batch)
+    labels = inputs.pop("labels")
+    loss_fn = ChunkedCausalLMLoss(chunked_loss_head(model)) if chunked else causal_lm_loss
+    if chunked:
+        inputs = hidden_state_inputs(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision and chunked):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision):
+            outputs = model(**inputs)
+        if mixed_precision:
+            outputs = _to_float32(outputs)
+        return loss_fn(outputs, labels)
+
+
+def _to_float32(value):
+    """accelerate's ``convert_outputs_to_fp32``: every 16-bit float tensor of a forward's outputs as float32."""
+    if torch.is_tensor(value):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_float32(item) for item in value)
+    if isinstance(value, dict):
+        for key in list(value.keys()):
+            value[key] = _to_float32(value[key])
+    return value
+
+
+def _allocated_through_step(model, batch: dict, setup: ProbeSetup) -> tuple[int, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    for param in model.parameters():  # a trained weight's gradient is a model state: dropped once accumulated
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
+        loss = training_loss(model, batch, setup.chunked_loss, setup.mixed_precision)
+    forward = sorted(forward_profile.events(), key=lambda event: event.time_range.start)
+    kept = sum(event.self_cpu_memory_usage for event in forward)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
+        loss.backward()
+        del loss
+    backward = sorted(backward_profile.events(), key=lambda event: event.time_range.start)
+    peak = max(_running_peak(forward, 0), _running_peak(backward, kept))
+    return kept, peak
+
+
+def _running_peak(events, start: int) -> int:
+    """The highest running total of the allocator's net allocations, event by event in time order."""
+    live = peak = start
+    for event in events:
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
