@@ -15,7 +15,7 @@ from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, pro
 from hf_tune.recipe import validate_recipe
 from hf_tune.trainer.hooks import HfTuneTrainer
 
-LENGTHS = [600, 200, 224]  # one pack: the longest example 1.76x the mean (sdpa_varlen pads to it)
+LENGTHS = [600, 200, 224]  # one pack: padded to its longest, 1.76x its tokens (sdpa_varlen pads so)
 SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, vocab_size=4096)
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}  # qwen3: q/k norms
@@ -104,7 +104,7 @@ def full_step_bytes(family: str, dtype, dropout: float | None, checkpointing: bo
 ])
 def test_probe_agrees_with_a_full_training_step(family, dtype, dropout, checkpointing, chunked, tmp_path):
     measured, setup = full_step_bytes(family, dtype, dropout, checkpointing, chunked, tmp_path)
-    estimate = estimate_activations(setup, sum(LENGTHS), mean_example=sum(LENGTHS) / 3, longest_example=600)
+    estimate = estimate_activations(setup, sum(LENGTHS), padding_ratio=3 * 600 / sum(LENGTHS))
     assert estimate.source == "probe"
     assert abs(estimate.kept - measured) <= 0.10 * measured, (estimate.kept, measured)
     assert estimate.peak >= estimate.kept

@@ -52,6 +52,8 @@ def _init(args) -> None:
     print(f"wrote {out}: {choice.tuning}, {choice.setup}, activation checkpointing "
           f"{'on' if choice.checkpointing else 'off'}, packs of {choice.tokens:,} tokens x {choice.accumulation} "
           f"accumulated; estimated peak {choice.peak / 2**30:.1f} GB per GPU of {args.gpu_memory:g} GB")
+    if args.data is None:
+        print("data.train.path is the placeholder data/train.jsonl: put your chat JSONL there, or edit the recipe")
 
 
 def _cv(args) -> None:
@@ -215,7 +217,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--setup", default="auto", choices=["auto", "ddp", "zero2", "zero3"],
                help="distribution (default: the fastest that fits: DDP, then ZeRO-2, then ZeRO-3)"),
         option("--max-length", type=int, default=4096, help="longest example in tokens (data.max_length)"),
-        option("--data", default="data/train.jsonl", help="chat data (JSONL of messages) for data.train.path"),
+        option("--data", default=None, help="chat data (JSONL of messages) for data.train.path (default: the "
+               "placeholder data/train.jsonl, which the recipe says to fill)"),
         option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)"))),
     "report": Verb(_report, "plot a run's loss, learning rates and eval metrics into PNG files", options=(RUN_DIR,)),
     "eval": Verb(_eval, "lm-eval scores of a run, one checkpoint, or (--watch) each new complete checkpoint of a run "

@@ -25,7 +25,10 @@ from hf_tune.build.training_args import build_training_arguments
 
 TUNINGS = ("full", "lora", "qlora")
 FULL_AUTO_MAX_PARAMS = 2e9  # auto trains every weight of a model this small when it fits: LoRA saves little there
-HEADROOM = 0.9  # a plan fits in 90 % of the GPU: the activation estimate is a formula, not a measurement
+# a plan fits in 90 % of the GPU: the activations are measured on CPU copies of the model (the probe), but a GPU's
+# kernels (flash attention, cuBLAS workspaces) and the allocator's fragmentation are not
+HEADROOM = 0.9
+PLACEHOLDER_DATA = "data/train.jsonl"  # written where --data is not given: the recipe says to put the data there
 TOKENS_PER_STEP = 131_072  # effective batch the accumulation aims at: 32 packs of 4k tokens
 MICRO_BATCH_TOKENS = (16384, 8192, 4096, 2048, 1024)
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
@@ -74,8 +77,11 @@ def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, t
     return recipe
 
 
-def estimate(recipe: dict, world: int, models: dict) -> float:
-    """The estimated peak per rank of a candidate recipe: ``hf-tune plan``'s own numbers (``plan.plan_memory``)."""
+def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None) -> float:
+    """The estimated peak per rank of a candidate recipe: ``hf-tune plan``'s own numbers (``plan.plan_memory``).
+    ``stand_in``: a data file validated in place of the recipe's, which does not exist yet (no data is read)."""
+    if stand_in:
+        recipe = {**recipe, "data": {**recipe["data"], "train": {"path": stand_in}}}
     parsed = validate_recipe(recipe)
     parsed = dataclasses.replace(parsed, training=resolve_schedule(parsed.training, parsed.optim))
     # candidates differ in tuning and dtype only (a full fine-tune under DDP keeps float32 weights)
@@ -89,9 +95,18 @@ SETUPS = {"ddp": "no ZeRO (DDP)", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
 def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", max_length: int = 4096,
-           data: str = "data/train.jsonl", output_dir: str | None = None, setup: str = "auto") -> tuple[dict, Choice]:
+           data: str | None = None, output_dir: str | None = None, setup: str = "auto") -> tuple[dict, Choice]:
     """The first candidate, fastest first, whose estimated peak per rank fits ``gpu_memory_gb``; ``tuning`` and
-    ``setup`` (ddp, zero2, zero3) narrow the candidates to one."""
+    ``setup`` (ddp, zero2, zero3) narrow the candidates to one. ``data``: the chat data's path (default: the
+    placeholder ``data/train.jsonl``, which need not exist yet)."""
+    import tempfile
+
+    data = data or PLACEHOLDER_DATA
+    stand_in = None
+    if not Path(data).is_file():
+        stand_in = str(Path(tempfile.mkdtemp(prefix="hf_tune_init_")) / "train.jsonl")
+        Path(stand_in).write_text('{"messages": [{"role": "user", "content": "Hi"}, '
+                                  '{"role": "assistant", "content": "Hello"}]}\n')
     if tuning not in ("auto", *TUNINGS):
         raise HfTuneError(f"--tuning {tuning!r}: use auto, full, lora or qlora")
     if setup not in ("auto", *SETUPS):
@@ -100,7 +115,7 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     budget = HEADROOM * gpu_memory_gb * 2**30
     models: dict = {}
     size = sum(p.numel() for p in build_meta_model(validate_recipe(
-        {"model": {"pretrained_model_name_or_path": model}, "data": {"train": {"path": data}}}))
+        {"model": {"pretrained_model_name_or_path": model}, "data": {"train": {"path": stand_in or data}}}))
         .parameters())
     tunings = [tuning] if tuning != "auto" else (
         ["full", "lora", "qlora"] if size <= FULL_AUTO_MAX_PARAMS else ["lora", "qlora"])
@@ -113,7 +128,8 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
                     accumulation = max(1, round(TOKENS_PER_STEP / (tokens * gpus)))
                     recipe = candidate_recipe(model, tune, setup, checkpointing, tokens, accumulation, data,
                                               max_length, output_dir)
-                    peak = estimate(recipe, gpus, models)
+                    recipe["machine"] = {"world_size": gpus, "gpu_memory_gb": gpu_memory_gb}
+                    peak = estimate(recipe, gpus, models, stand_in)
                     tried.append(peak)
                     if peak <= budget and (checkpointing or tokens >= 4096):
                         return recipe, Choice(tune, setup, checkpointing, tokens, accumulation, peak,
@@ -147,14 +163,18 @@ def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: f
     def block(section: str) -> str:
         return yaml.safe_dump({section: recipe[section]}, sort_keys=False, default_flow_style=False, width=100)
 
-    head = [f"# {model} on {gpus} x {gpu_memory_gb:g} GB, written by `hf-tune init` (check it: hf-tune plan THIS.yaml"
-            f"{f' --world-size {gpus}' if gpus > 1 else ''})",
-            f"# estimated peak per rank: {choice.peak / 2**30:.1f} GB of {gpu_memory_gb:g} GB (model states, "
-            f"activations and {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} of the GPU)",
+    margin = gpu_memory_gb * 2**30 - choice.peak
+    head = [f"# {model} on {gpus} x {gpu_memory_gb:g} GB, written by `hf-tune init` (check it: hf-tune plan THIS.yaml)",
+            f"# estimated peak per rank: {choice.peak / 2**30:.1f} GB of {gpu_memory_gb:g} GB, {margin / 2**30:.1f} GB "
+            f"({margin / (gpu_memory_gb * 2**30):.0%}) to spare (model states; activations measured by the probe on "
+            f"CPU copies of the model; {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} "
+            "of the GPU)",
             f"# {choice.why['tuning']}", f"# {choice.why['setup']}", f"# {choice.why['checkpointing']}",
             f"# {choice.why['tokens']}; accumulation {choice.accumulation} -> about "
             f"{choice.tokens * choice.accumulation * gpus:,} tokens an optimizer step",
             "# attention, bf16 and Liger kernels: hf_tune decides on the GPU it runs on (see README, GPU quick start)"]
+    if recipe["data"]["train"]["path"] == PLACEHOLDER_DATA and not Path(PLACEHOLDER_DATA).is_file():
+        head.append(f"# data.train.path: {PLACEHOLDER_DATA} is a placeholder: put your chat JSONL there, or edit it")
     parts = ["\n".join(head)] + [block(section) for section in recipe]
     liger = ("  # use_liger_kernel: true  # on a GPU with `pip install liger-kernel`: Liger's RMSNorm, RoPE and SwiGLU "
              "kernels (the loss stays hf_tune's chunked one)\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -17,13 +18,16 @@ from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, mode
                             quantized_model_state_memory, quantized_weight_memory, recipe_setup)
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_tokenizer
-from hf_tune.model.chunked_head import expects_chunked_loss
+from hf_tune.model.activation_probe import ActivationEstimate, ProbeSetup, estimate_activations
 from hf_tune.model.meta import build_meta_model
 from hf_tune.model.quantization import describe
 from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import Recipe
 from hf_tune.catalog.tasks import task_of
+from hf_tune.build.decisions import decide
 from hf_tune.build.training_args import build_training_arguments
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["format_plan", "model_state_memory", "plan", "steps_per_epoch"]
 
@@ -41,7 +45,8 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     the LR of every optimizer group comes from the real scheduler. Writes ``lr_schedule.png`` (one line per group)
     into ``out_dir`` (default: the run's output_dir) when the step count is known."""
     args = build_training_arguments(recipe)
-    world = world_size or args.world_size
+    # the machine the recipe was written for, unless told otherwise, else the launch this runs under
+    world = world_size or (recipe.machine.world_size if recipe.machine else None) or args.world_size
     method = method_of(recipe.method)
     data, missing, processor = _plan_data(recipe, args)
     labels = data.labels if data is not None else (
@@ -56,12 +61,13 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         None if per_epoch is None else math.ceil(args.num_train_epochs * per_epoch))
     infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+    tokens = None if examples is None else example_tokens(data.train, processor, recipe)
     result = {
         "method": method.name,
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
         "examples": examples,
         "data_not_read": missing,
-        "tokens_per_example": None if examples is None else example_tokens(data.train, processor, recipe),
+        "tokens_per_example": tokens,
         "world_size": world,
         "effective_batch_size": effective,
         "steps_per_epoch": per_epoch,
@@ -70,7 +76,8 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
         "groups": group_summary(infos),
         "trainable_params": sum(info.numel for info in infos),
-        **plan_memory(recipe, args, model, world, longest_example(data, recipe)),
+        **plan_memory(recipe, args, model, world, longest_example(data, recipe), tokens),
+        "machine": recipe.machine.model_dump(exclude_none=True) if recipe.machine else None,
         "lr_schedule_png": None,
     }
     if total:
@@ -102,12 +109,20 @@ def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None, o
 def example_tokens(train, processor, recipe: Recipe) -> dict | None:
     """Tokens per training example (mean, max) as the model reads them, and for a vision-language task the image
     tokens among them: the processor expanded each image into its image tokens (``image_seq_len`` per tile, and as
-    many tiles as its image splitting makes) when the data was tokenized. None for data without ``input_ids``."""
+    many tiles as its image splitting makes) when the data was tokenized. Where the rows are packs
+    (``data.batch_tokens``), the examples are counted inside them, with the packs and examples per pack, and
+    ``padding_ratio``: the most a pack's examples padded to its longest hold over its tokens (sdpa_varlen pads so).
+    None for data without ``input_ids``."""
     if "input_ids" not in train.column_names or not len(train):
         return None
     ids = train["input_ids"]
-    lengths = [len(example) for example in ids]
-    result = {"mean": sum(lengths) / len(lengths), "max": max(lengths)}
+    packed = isinstance(ids[0], list) and len(ids[0]) and isinstance(ids[0][0], list)
+    packs = ids if packed else [[example] for example in ids]
+    lengths = [len(example) for pack in packs for example in pack]
+    result = {"mean": sum(lengths) / len(lengths), "max": max(lengths),
+              "padding_ratio": max(len(pack) * max(map(len, pack)) / max(sum(map(len, pack)), 1) for pack in packs)}
+    if packed:
+        result.update(packs=len(packs), examples=len(lengths), examples_per_pack=len(lengths) / len(packs))
     if task_of(recipe.model.task).vision_language:
         image_token = getattr(processor, "image_token", None)
         image_id = processor.tokenizer.convert_tokens_to_ids(image_token) if image_token else None
@@ -140,22 +155,14 @@ def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[d
     return curves, optimizer.param_groups
 
 
-def micro_batch_tokens(recipe: Recipe, args) -> int:
-    """Tokens one rank's micro-batch holds at most, in the method's own length keys."""
-    method, per_device = method_of(recipe.method), args.per_device_train_batch_size
-    if method.generates:
-        return per_device * ((getattr(args, "max_prompt_length", None) or 512)
-                             + (getattr(args, "max_completion_length", None) or 256))
-    if method.uses_trl:
-        sequences = format_of(recipe.data.format).sequences  # preference pairs: chosen and rejected
-        return per_device * sequences * (getattr(args, "max_length", None) or 1024)
-    return per_device * (recipe.data.batch_tokens or recipe.data.max_length)
-
-
-def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = None) -> dict:
+def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = None,
+                example_tokens: dict | None = None) -> dict:
     """Model states per rank by setup (a quantized base's stored weights), activations of one micro-batch, and the
-    estimated peak of the setup the recipe runs (``hf_tune.model.memory``). ``longest``: tokens of a
-    vision-language run's longest example (image tokens included), whose micro-batches are padded to it."""
+    estimated peak of the setup the recipe runs (``hf_tune.model.memory``). The activations are measured by the
+    probe on the recipe's architecture (``hf_tune.model.activation_probe``) under the run's decisions
+    (``hf_tune.build.decisions``), or estimated by formula where the probe cannot run it. ``longest``: tokens of a
+    vision-language run's longest example (image tokens included), whose micro-batches are padded to it;
+    ``example_tokens``: the data's tokens per example (mean, max), which set sdpa_varlen's padding."""
     total, trainable, largest = model_state_sizes(model)
     mixed = bool(args.bf16 or args.fp16)
     param_bytes = next(model.parameters()).element_size()
@@ -167,25 +174,56 @@ def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = N
         result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
     result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
     task = task_of(recipe.model.task)
-    tokens = micro_batch_tokens(recipe, args) if task.reads_text else 0
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decisions = decide(recipe, args, base.config)
+    tokens = decisions.micro_batch_tokens if task.reads_text else 0
     if task.vision_language:  # the language model's tokens: text and image tokens, padded to the longest example
         tokens = args.per_device_train_batch_size * (longest or recipe.data.max_length)
-    fsdp_config = recipe.training.get("fsdp_config") if isinstance(recipe.training.get("fsdp_config"), dict) else {}
-    checkpointing = any(section.get(key) for section in (recipe.training, fsdp_config)
-                        for key in ("activation_checkpointing", "gradient_checkpointing"))
-    # no [tokens, vocabulary] logits: TRL's fused LM head (DPO, KTO, GRPO), or hf_tune's chunked loss (SFT;
-    # model.chunked_loss, on by default under LoRA)
-    # (a vision-language run's logits are counted: its chunked loss is decided on the model alone)
-    fused_loss = method_of(recipe.method).uses_trl or (not task.vision_language and expects_chunked_loss(recipe))
     # the estimate counts a decoder's tokens: an image model's activations (and a VLM's tower's) are not estimated
-    activations = 0 if not tokens else activation_memory(
-        model.config, tokens, checkpointing, logit_positions=0 if fused_loss else None,
-        lora_r=(recipe.lora or {}).get("r", 0))
+    activations = None if not tokens else activation_estimate(recipe, decisions, base, tokens, example_tokens)
     setup = recipe_setup(recipe.training)
-    result["activations"] = {"bytes": activations, "tokens": tokens, "checkpointing": checkpointing}
+    result["decisions"] = decisions.to_dict()
+    result["activations"] = {"bytes": activations.kept if activations else 0,
+                             "peak_bytes": activations.peak if activations else 0, "tokens": tokens,
+                             "checkpointing": decisions.checkpointing,
+                             "source": activations.source if activations else None,
+                             "detail": activations.detail if activations else None}
     result["setup"] = setup
-    result["peak_per_rank"] = result["memory_per_rank"][setup][0] + activations + RUNTIME_RESERVE_BYTES
+    peak_activations = activations.peak if activations else 0
+    result["peak_per_rank"] = result["memory_per_rank"][setup][0] + peak_activations + RUNTIME_RESERVE_BYTES
     return result
+
+
+def activation_estimate(recipe: Recipe, decisions, base, tokens: int,
+                        example_tokens: dict | None = None) -> ActivationEstimate:
+    """The probe's figure for a causal language model the probe can build; the formula's, said so, otherwise."""
+    lora = None if recipe.lora is None else {k: v for k, v in recipe.lora.items()
+                                             if k not in ("trainable_token_indices", "modules_to_save")}
+    if task_of(recipe.model.task).causal and not task_of(recipe.model.task).vision_language:
+        setup = ProbeSetup(
+            model_class=type(base), config=base.config, dtype=_torch_dtype(decisions.weights_dtype,
+                                                                           recipe.model.quantization_config),
+            mixed_precision=decisions.mixed_precision is not None, attention=decisions.attention,
+            padding_free=decisions.padding_free, lora=lora, fast_lora_dropout=recipe.model.fast_lora_dropout,
+            chunked_loss=decisions.chunked_loss, checkpointing=decisions.checkpointing,
+            checkpointing_kwargs=decisions.checkpointing_kwargs)
+        try:
+            return estimate_activations(setup, tokens, padding_ratio=(example_tokens or {}).get("padding_ratio"))
+        except Exception as error:  # an architecture the probe cannot build or run: the formula, said so
+            logger.warning("activation probe: %s: %s; activations estimated by formula", type(error).__name__,
+                           str(error)[:200])
+    kept = activation_memory(base.config, tokens, decisions.checkpointing,
+                             logit_positions=0 if decisions.chunked_loss else None,
+                             lora_r=(recipe.lora or {}).get("r", 0))
+    return ActivationEstimate(kept=kept, peak=kept, tokens=tokens, source="formula",
+                              detail="a formula (not measured): the probe does not run this model")
+
+
+def _torch_dtype(name: str, quantization: dict | None) -> torch.dtype:
+    """The dtype the probe builds the weights in: a quantized base computes in its compute dtype."""
+    if quantization:
+        name = str(quantization.get("bnb_4bit_compute_dtype") or "bfloat16")
+    return getattr(torch, name.removeprefix("torch."))
 
 
 def method_batch(method, effective: int, generations: int, batch_tokens: int | None = None) -> str:
@@ -235,6 +273,10 @@ def format_plan(result: dict) -> str:
     missing = result.get("data_not_read")
     streamed = result["examples"] is None and not missing
     examples = f"not counted: {missing}" if missing else "streamed, counted as read" if streamed else result["examples"]
+    packed = result.get("tokens_per_example") or {}
+    if packed.get("packs"):
+        examples = (f"{packed['examples']} in {packed['packs']} packs ({packed['examples_per_pack']:.1f} examples a "
+                    "pack, data.batch_tokens)")
     per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
     total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
     lines = [f"method: {result['method']} ({result['method_batch']})",
@@ -259,11 +301,26 @@ def format_plan(result: dict) -> str:
         mark = "  <- this recipe" if setup == result["setup"] else ""
         lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB{mark}")
     act = result["activations"]
-    lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB for {act['tokens']:,} tokens a micro-batch "
-                 f"(activation checkpointing {'on' if act['checkpointing'] else 'off'})" if act["tokens"] else
-                 "activations: not estimated for image models")
+    if act["tokens"]:
+        lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB kept for backward, {act['peak_bytes'] / 2**30:.2f} GB "
+                     f"at the peak of forward and backward, for {act['tokens']:,} tokens a micro-batch (activation "
+                     f"checkpointing {'on' if act['checkpointing'] else 'off'})")
+        lines.append(f"  {act['source']}: {act['detail']}")
+    else:
+        lines.append("activations: not estimated for image models")
+    decided = result.get("decisions") or {}
+    if decided:
+        lines.append(f"  decided: attention {decided['attention'] or 'transformers default'}, padding-free "
+                     f"{'on' if decided['padding_free'] else 'off'}, chunked loss {'on' if decided['chunked_loss'] else 'off'}"
+                     f", weights {decided['weights_dtype']}, mixed precision {decided['mixed_precision'] or 'off'}"
+                     + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else ""))
     lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
-                 f"(model states + activations + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
+                 f"(model states + activations at their peak + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
+    machine = result.get("machine")
+    if machine and machine.get("gpu_memory_gb"):
+        budget = machine["gpu_memory_gb"]
+        verdict = "fits" if result["peak_per_rank"] <= budget * 2**30 else "does NOT fit"
+        lines.append(f"  {verdict} the {budget:g} GB GPU the recipe was written for (machine.gpu_memory_gb)")
     png = result["lr_schedule_png"]
     lines.append(f"\nLR schedule plot: {png}" if png else "\nLR schedule plot: none (the step count is not known)")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import yaml
 from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
+from hf_tune.build.decisions import ran
 from hf_tune.build.run_build import Run, build_run
 from hf_tune.trainer.checkpoints import resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
@@ -59,14 +60,16 @@ def _train(run: Run, resume: str | None, started: str):
     run_dir = Path(args.output_dir)
     main = trainer.is_world_process_zero()
     datasets = lineage_datasets(run)
+    decided = ran(run).to_dict()  # what this run runs, as plan and validate decided it and the build applied it
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
     rollbacks = earlier_rollbacks(run_dir)  # resilience.rollback_on_nonfinite, in run.json: read before rewriting it
     if main:
         save_resolved_recipe(recipe, run_dir)
-        write_manifest(run_dir, recipe, args, datasets, started, rollbacks=rollbacks)
+        write_manifest(run_dir, recipe, args, datasets, started, rollbacks=rollbacks, decisions=decided)
     try:
         result = train_with_rollbacks(trainer, resume, recipe.resilience.rollback_on_nonfinite, rollbacks, on_rollback=(
-            lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, rollbacks=done)))
+            lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, rollbacks=done,
+                                             decisions=decided)))
     except ValueError as err:
         if resume is None or "parameter group" not in str(err):  # torch's optimizer load_state_dict checks
             raise
@@ -90,7 +93,7 @@ def _train(run: Run, resume: str | None, started: str):
     if main:
         write_report(run_dir)
         write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics,
-                       rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)))
+                       rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)), decisions=decided)
     return trainer
 
 

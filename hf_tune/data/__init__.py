@@ -9,7 +9,7 @@ from datasets import Dataset
 from transformers import DataCollatorWithPadding
 
 from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
-from hf_tune.model.loading import model_config
+from hf_tune.model.meta import load_model_config
 from hf_tune.catalog.tasks import task_of
 from hf_tune.data.classification import label_names
 from hf_tune.data.formats import format_of
@@ -95,6 +95,19 @@ def build_datasets(recipe: Recipe, tokenizer, training_args=None) -> tuple[Datas
     return data.train, data.eval
 
 
+def decide_padding_free(recipe: Recipe, model_class: type | None, attention: str | None, config=None) -> bool:
+    """Whether a causal LM's batches are flattened rows (padding-free): ``data.padding_free``, else where it saves
+    compute and the packing probe proved it exact. The one rule: the collator, ``plan`` and ``validate`` read it."""
+    if recipe.data.padding_free is not None:
+        return recipe.data.padding_free
+    # Flash attention and sdpa_varlen (the default) run each flattened example on its own. Plain SDPA and eager
+    # compute the whole flattened row's scores under a block mask, which costs more than the little padding
+    # left in length-grouped packs (measured: docs/speed.md), so packs stay padded there. Either way, only
+    # where a tiny model of the architecture gave each flattened example its own logits (packing_probe).
+    return bool(model_class is not None and (runs_examples_apart(attention) or not recipe.data.batch_tokens)
+                and supports_padding_free(model_class, attention, config))
+
+
 def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
                    attn_implementation: str | None = None):
     """Classification: padded to the longest in the batch. Causal LM: padding-free when ``data.padding_free`` says so
@@ -107,18 +120,11 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
         return task.collator_class(tokenizer)
     if not causal:
         return DataCollatorWithPadding(tokenizer)
-    config = model_config(recipe) if model_class is not None else None  # its layer kinds, for the packing probe
+    config = load_model_config(recipe) if model_class is not None else None  # its layer kinds, for the packing probe
     attention = attn_implementation or recipe.model.attn_implementation or default_attn_implementation(
         causal, model_class, config)
     apart = runs_examples_apart(attention)
-    padding_free = recipe.data.padding_free
-    if padding_free is None:
-        # Flash attention and sdpa_varlen (the default) run each flattened example on its own. Plain SDPA and eager
-        # compute the whole flattened row's scores under a block mask, which costs more than the little padding
-        # left in length-grouped packs (measured: docs/speed.md), so packs stay padded there. Either way, only
-        # where a tiny model of the architecture gave each flattened example its own logits (packing_probe).
-        padding_free = (model_class is not None and (apart or not recipe.data.batch_tokens)
-                        and supports_padding_free(model_class, attention, config))
+    padding_free = decide_padding_free(recipe, model_class, attention, config)
     # Liger's patched forward (training.use_liger_kernel) slices hidden_states[:, logits_to_keep, :]: an integer or a
     # 1-D index, not the [batch, positions] mask, so under it the model projects all positions (or, with the chunked
     # loss, none: hf_tune.model.chunked_head.hidden_state_inputs)

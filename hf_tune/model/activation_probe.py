@@ -17,7 +17,8 @@ The copies are small, and the figure is scaled back to the recipe's shape:
   a count of heads or ranks times tokens (constant), or a weight copy (``1/k**2``), so three widths fit the three
   terms exactly and give ``k = 1``;
 - **tokens**: every kept tensor grows with the tokens of the pack, so the figure scales linearly from the probe's
-  pack; the pack keeps the data's ratio of longest to mean example, which sets ``sdpa_varlen``'s padding.
+  pack; the pack keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens), which
+  sets ``sdpa_varlen``'s padded gathers.
 
 ``tests/test_activation_probe.py`` checks the scaled figure against the bytes a real training step of the full
 shape keeps, counted with autograd's saved-tensor hooks (an instrument the probe does not use), within 10 %.
@@ -27,11 +28,15 @@ estimate falls back to ``hf_tune.model.memory.activation_memory``'s formula and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import math
+import os
+import sys
 import time
+import warnings
 
 import torch
 
@@ -86,14 +91,12 @@ class ProbeSetup:
 _FITS: dict[tuple, tuple[float, float, str]] = {}
 
 
-def estimate_activations(setup: ProbeSetup, tokens: int, mean_example: float | None = None,
-                         longest_example: int | None = None) -> ActivationEstimate:
-    """The probe's figures for a micro-batch of ``tokens`` tokens. ``mean_example`` / ``longest_example``: the
-    data's tokens per example, which set how much ``sdpa_varlen`` pads (a pack of whole examples of one length
-    when not given). The fit is computed once per setup and padding ratio, and scaled to ``tokens``."""
+def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | None = None) -> ActivationEstimate:
+    """The probe's figures for a micro-batch of ``tokens`` tokens. ``padding_ratio``: a flattened pack's examples,
+    padded to its longest, over its tokens (``sdpa_varlen`` pads so; 1 when not given: examples of one length). The
+    fit is computed once per setup and padding ratio, and scaled to ``tokens``."""
     started = time.perf_counter()
-    ratio = 1.0 if not mean_example or not longest_example else min(longest_example, tokens) / mean_example
-    ratio = max(1.0, ratio) if setup.padding_free else 1.0
+    ratio = max(1.0, padding_ratio or 1.0) if setup.padding_free else 1.0
     key = (*setup.key(), round(ratio, 2))
     if key not in _FITS:
         _FITS[key] = _fit(setup, ratio)
@@ -175,8 +178,8 @@ def probe_config(config, layers: int, k: int):
 
 
 def probe_lengths(tokens: int, ratio: float) -> list[int]:
-    """Example lengths of a ``tokens`` pack whose longest example is ``ratio`` times the mean: one long example
-    and equal short ones (``sdpa_varlen`` pads every example to the longest)."""
+    """Example lengths of a ``tokens`` pack whose examples padded to the longest hold ``ratio`` times its tokens
+    (the longest is ``ratio`` times the mean): one long example and equal short ones."""
     if ratio <= 1.0:
         return [tokens]
     count = min(max(2, math.ceil(ratio)), tokens // 2)
@@ -221,7 +224,9 @@ def measure(setup: ProbeSetup, config, lengths: list[int]) -> tuple[int, int]:
             attention = setup.attention if setup.attention != NAME or setup.padding_free else "sdpa"
             if attention and model.config._attn_implementation != attention:
                 model.set_attn_implementation(attention if attention != "flash_attention_2" else NAME)
-            model = _as_trained(model, setup)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # PEFT asks is_gradient_checkpointing
+                model = _as_trained(model, setup)
             batch = probe_batch(lengths, config.vocab_size, setup.padding_free)
             return _allocated_through_step(model, batch, setup)
     finally:
@@ -281,17 +286,33 @@ def _to_float32(value):
     return value
 
 
+@contextlib.contextmanager
+def _quiet_profiler():
+    """The profiler's native start / stop lines (kineto writes them to file descriptor 2, whatever its log level)
+    kept off the user's terminal; Python's deprecation warnings of the probe's own set-up too."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _allocated_through_step(model, batch: dict, setup: ProbeSetup) -> tuple[int, int]:
     from torch.profiler import ProfilerActivity, profile
 
     for param in model.parameters():  # a trained weight's gradient is a model state: dropped once accumulated
         if param.requires_grad:
             param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
         loss = training_loss(model, batch, setup.chunked_loss, setup.mixed_precision)
     forward = sorted(forward_profile.events(), key=lambda event: event.time_range.start)
     kept = sum(event.self_cpu_memory_usage for event in forward)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
         loss.backward()
         del loss
     backward = sorted(backward_profile.events(), key=lambda event: event.time_range.start)

@@ -16,6 +16,8 @@ Sections:
   search    -> hyperparameter search space and study settings     (ours: SearchSection, in recipe/search_section.py)
   tracking  -> project / run name / group / tags for the trackers in training.report_to (ours: TrackingSection)
   profile   -> torch.profiler over a few training steps: wait / warmup / active      (ours: ProfileSection)
+  machine   -> the machine the recipe was written for: world size and GPU memory (ours: MachineSection; `plan`
+               uses them unless told otherwise, `init` writes them)
   resilience-> checkpoints mirrored to object storage, roll back on a non-finite loss (ours: ResilienceSection, in
                recipe/resilience_section.py)
 """
@@ -217,8 +219,16 @@ class ProfileSection(_Section):
     profile_memory: bool = Field(default=False, description="tensor allocations")
 
 
+class MachineSection(_Section):
+    """The machine a recipe was written for (``hf-tune init`` writes it): ``plan`` plans for it unless told
+    otherwise (``--world-size``) and says whether the estimated peak fits its GPU memory."""
+
+    world_size: PositiveInt = Field(default=1, description="processes (GPUs) the run is launched on")
+    gpu_memory_gb: PositiveFloat | None = Field(default=None, description="memory of one GPU, in GB (2**30 bytes)")
+
+
 SECTIONS = ("method", "rewards", "model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile",
-            "resilience")
+            "resilience", "machine")
 
 
 @dataclasses.dataclass
@@ -236,6 +246,7 @@ class Recipe:
     tracking: TrackingSection = dataclasses.field(default_factory=TrackingSection)
     profile: ProfileSection | None = None
     resilience: ResilienceSection = dataclasses.field(default_factory=ResilienceSection)
+    machine: MachineSection | None = None
     method: str = "sft"
     rewards: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
     source: Path | None = None
@@ -266,5 +277,6 @@ class Recipe:
             "tracking": self.tracking.model_dump(exclude_none=True),
             "profile": self.profile.model_dump() if self.profile else None,
             "resilience": self.resilience.model_dump(exclude_defaults=True) or None,  # only when it asks for something
+            "machine": self.machine.model_dump(exclude_none=True) if self.machine else None,
         }
         return {k: v for k, v in resolved.items() if v is not None}

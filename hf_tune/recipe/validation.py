@@ -16,7 +16,7 @@ from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
 from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
-                                   ProfileSection, Recipe, SearchSection, TrackingSection)
+                                   MachineSection, ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
 from hf_tune.lifecycle.redaction import refuse_secrets
@@ -44,6 +44,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
     profile = _parse_section(ProfileSection, raw["profile"] or {}, "profile") if "profile" in raw else None
     resilience = _parse_section(ResilienceSection, raw.get("resilience") or {}, "resilience")
+    machine = _parse_section(MachineSection, raw["machine"] or {}, "machine") if raw.get("machine") is not None else None
 
     from peft import LoraConfig
 
@@ -59,7 +60,8 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
-                    hub=hub, search=search, tracking=tracking, profile=profile, resilience=resilience, method=method.name,
+                    hub=hub, search=search, tracking=tracking, profile=profile, resilience=resilience, machine=machine,
+                    method=method.name,
                     rewards=list(raw.get("rewards") or []), source=source)
     check_method(recipe, raw)
     _check_files(recipe)
