@@ -61,5 +61,24 @@ def test_the_init_command_writes_the_file_and_says_what_it_chose(offline, tmp_pa
     main(["init", "google/gemma-3-1b-it", "--gpu-memory", "24", "--out", str(out), "--data",
           str(DATA / "chat_demo.jsonl")])
     said = capsys.readouterr().out
-    assert said.startswith(f"wrote {out}: ") and "GB per GPU of 24 GB" in said
-    assert yaml.safe_load(out.read_text())["model"]["pretrained_model_name_or_path"] == "google/gemma-3-1b-it"
+    assert said.startswith(f"wrote {out}: ") and "GB per GPU of 24 GB" in said and "placeholder" not in said
+    recipe = yaml.safe_load(out.read_text())
+    assert recipe["model"]["pretrained_model_name_or_path"] == "google/gemma-3-1b-it"
+    assert recipe["machine"] == {"world_size": 1, "gpu_memory_gb": 24.0}  # plan plans for it
+
+
+def test_init_without_data_names_a_placeholder_and_says_so(offline, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """As --help and the docs say: the recipe is written with data/train.jsonl, and init and the recipe both say
+    to put the data there; until then loading the recipe names that key."""
+    from hf_tune import load_recipe
+    from hf_tune.commands.cli import main
+    from hf_tune.errors import RecipeError
+
+    monkeypatch.chdir(tmp_path)
+    main(["init", "google/gemma-3-1b-it", "--gpu-memory", "24", "--out", "r.yaml"])
+    assert "placeholder data/train.jsonl" in capsys.readouterr().out
+    text = (tmp_path / "r.yaml").read_text()
+    assert "data/train.jsonl is a placeholder" in text and yaml.safe_load(text)["data"]["train"] == {
+        "path": "data/train.jsonl"}
+    with pytest.raises(RecipeError, match="data.train.path"):
+        load_recipe(tmp_path / "r.yaml")

@@ -60,16 +60,36 @@ def test_a_shipped_config_builds_the_published_model_on_the_meta_device(name, of
 
 
 @pytest.mark.parametrize("path", SCALE, ids=[p.stem for p in SCALE])
-def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, offline, tmp_path):
+def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, offline, tmp_path, capsys):
+    """Planned for the machine the recipe records (no --world-size), the estimate is the one its header states and
+    fits that machine's GPU with init's headroom; validate reads the shipped config offline too."""
     from hf_tune import load_recipe
+    from hf_tune.commands.cli import main
     from hf_tune.commands.plan import format_plan, plan
 
     gpus, gpu_gb = map(int, re.search(r"(\d+)x(\d+)gb", path.stem).groups())
-    result = plan(load_recipe(path), world_size=gpus, out_dir=tmp_path)
+    result = plan(load_recipe(path), out_dir=tmp_path)
+    assert result["world_size"] == gpus and result["machine"] == {"world_size": gpus, "gpu_memory_gb": gpu_gb}
     assert result["examples"] is None and "tokenizer" in result["data_not_read"]  # no tokenizer offline
     stated = float(re.search(r"estimated peak per rank: ([\d.]+) GB", path.read_text()).group(1))
     assert result["peak_per_rank"] / 2**30 == pytest.approx(stated, abs=0.05) and stated <= 0.9 * gpu_gb
-    assert result["setup"] in format_plan(result)
+    assert result["activations"]["source"] == "probe"
+    text = format_plan(result)
+    assert result["setup"] in text and f"fits the {gpu_gb} GB GPU the recipe was written for" in text
+    main(["validate", str(path)])
+    assert "attn_implementation: sdpa_varlen  # hf_tune's default" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_other_shipped_recipe_validates_and_plans_offline(path, offline, tmp_path, monkeypatch, capsys):
+    from hf_tune.commands.cli import main
+
+    monkeypatch.chdir(REPO)
+    main(["validate", str(path)])
+    main(["plan", str(path), "--out", str(tmp_path)])
+    said = capsys.readouterr().out
+    assert "estimated peak per rank" in said and ("probe: measured" in said or "formula" in said
+                                                   or "not estimated for image models" in said)
 
 
 def test_the_70b_qlora_plan_counts_4_bit_weights_partitioned_over_eight_ranks(offline, tmp_path):
@@ -132,17 +152,22 @@ def test_the_activation_estimate_covers_what_autograd_keeps(checkpointing):
 
 
 def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa: F811
-    """The chunked loss (on by default under LoRA, whose LM head is frozen) never holds the logits: 12 bytes (float32
-    logits, softmax, gradient) per token and vocabulary entry less than with ``model.chunked_loss: false``, and
-    nothing else changes; a full fine-tune (the head trains) keeps them."""
+    """The chunked loss (on by default under LoRA, whose LM head is frozen) never holds the logits. With
+    ``model.chunked_loss: false`` the probe keeps one more float32 ``[positions, vocabulary]`` tensor for backward
+    (the log-softmax of every position but the last: 4 bytes each), and at the peak at least two (that log-softmax
+    and its gradient)."""
     from hf_tune import load_recipe
     from hf_tune.commands.plan import plan
 
     path = REPO / "recipes/scale/gemma-3-1b-1x24gb.yaml"
     chunked = plan(load_recipe(path), out_dir=tmp_path)
     full = plan(load_recipe(path, ["model.chunked_loss=false"]), out_dir=tmp_path)
-    tokens = chunked["activations"]["tokens"]
-    assert tokens == 8192 and full["activations"]["bytes"] - chunked["activations"]["bytes"] == 12 * tokens * 262_144
+    tokens, vocabulary = chunked["activations"]["tokens"], 262_144
+    assert tokens == load_recipe(path).data.batch_tokens
+    assert chunked["decisions"]["chunked_loss"] and not full["decisions"]["chunked_loss"]
+    kept = full["activations"]["bytes"] - chunked["activations"]["bytes"]
+    assert kept == pytest.approx(4 * (tokens - 1) * vocabulary, rel=0.02)
+    assert full["activations"]["peak_bytes"] - chunked["activations"]["peak_bytes"] >= 8 * tokens * vocabulary
     assert load_recipe(path).lora  # the shipped recipe is LoRA: the default applies
 
 

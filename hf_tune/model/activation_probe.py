@@ -16,8 +16,8 @@ The copies are small, and the figure is scaled back to the recipe's shape:
   LoRA rank kept), for three values of ``k``; each kept tensor's size is a width times tokens (a term in ``1/k``),
   a count of heads or ranks times tokens (constant), or a weight copy (``1/k**2``), so three widths fit the three
   terms exactly and give ``k = 1``;
-- **tokens**: every kept tensor grows with the tokens of the pack, so the figure scales linearly from the probe's
-  pack; the pack keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens), which
+- **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which the narrowest
+  copies run at twice the tokens separate; the figure scales linearly from the probe's pack; the pack keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens), which
   sets ``sdpa_varlen``'s padded gathers.
 
 ``tests/test_activation_probe.py`` checks the scaled figure against the bytes a real training step of the full
@@ -42,10 +42,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-PROBE_TOKENS = 512  # tokens of the probe's pack: small enough to be cheap, long enough for the loss's chunks
+PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
-SHRINK_FACTORS = (16, 8, 4, 2)  # the largest k whose three values divide every width is taken
-MIN_HEAD_DIM = 8  # rotary embeddings need an even head dimension; a narrower one changes nothing per token
+SHRINK_FACTORS = (32, 16, 8, 4)  # the largest k whose three values divide every width is taken
+MIN_HEAD_DIM = 4  # rotary embeddings need an even head dimension; a narrower one changes nothing per token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class ProbeSetup:
                 self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs))
 
 
-_FITS: dict[tuple, tuple[float, float, str]] = {}
+_FITS: dict[tuple, tuple[float, float, float, float, str]] = {}
 
 
 def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | None = None) -> ActivationEstimate:
@@ -100,27 +100,37 @@ def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | 
     key = (*setup.key(), round(ratio, 2))
     if key not in _FITS:
         _FITS[key] = _fit(setup, ratio)
-    per_token_kept, per_token_peak, how = _FITS[key]
-    return ActivationEstimate(kept=round(per_token_kept * tokens), peak=round(per_token_peak * tokens),
+    per_token_kept, fixed_kept, per_token_peak, fixed_peak, how = _FITS[key]
+    return ActivationEstimate(kept=round(per_token_kept * tokens + fixed_kept),
+                              peak=round(per_token_peak * tokens + fixed_peak),
                               tokens=tokens, source="probe", detail=how, seconds=time.perf_counter() - started)
 
 
-def _fit(setup: ProbeSetup, ratio: float) -> tuple[float, float, str]:
-    """(kept bytes per token, peak bytes per token, how) at the recipe's full depth and width."""
+def _fit(setup: ProbeSetup, ratio: float) -> tuple[float, float, float, float, str]:
+    """(kept bytes per token, kept bytes of no token, the same two for the peak, how) at the recipe's full depth and
+    width: each width and depth at ``PROBE_TOKENS``, and the narrowest also at twice the tokens, which separates
+    what does not grow with the tokens (buffers of a fixed size) from what does."""
     config = setup.config
     layers = config.num_hidden_layers
     factors = shrink_factors(config)
     lengths = probe_lengths(PROBE_TOKENS, ratio)
-    kept, peak = {}, {}
+    kept, peak, fixed_kept, fixed_peak = {}, {}, {}, {}
     for k in factors:
         for depth in (1, 2):
             kept[k, depth], peak[k, depth] = measure(setup, probe_config(config, depth, k), lengths)
-    kept_full = _extrapolate(kept, factors, layers) / PROBE_TOKENS
-    peak_full = _extrapolate(peak, factors, layers) / PROBE_TOKENS
+    for depth in (1, 2):  # fixed = 2 m(T) - m(2T), on the narrowest copies
+        doubled = measure(setup, probe_config(config, depth, factors[0]), [2 * n for n in lengths])
+        fixed_kept[depth] = 2 * kept[factors[0], depth] - doubled[0]
+        fixed_peak[depth] = 2 * peak[factors[0], depth] - doubled[1]
+    fixed_kept_full = fixed_kept[1] + (layers - 1) * (fixed_kept[2] - fixed_kept[1])
+    fixed_peak_full = fixed_peak[1] + (layers - 1) * (fixed_peak[2] - fixed_peak[1])
+    kept_full = (_extrapolate(kept, factors, layers) - fixed_kept_full) / PROBE_TOKENS
+    peak_full = (_extrapolate(peak, factors, layers) - fixed_peak_full) / PROBE_TOKENS
     widths = f"1/{', 1/'.join(str(k) for k in factors)} width" if factors != (1,) else "full width"
-    how = (f"measured on 1- and 2-layer copies at {widths}, {PROBE_TOKENS} tokens in {len(lengths)} example"
-           f"{'s' if len(lengths) > 1 else ''}, scaled to {layers} layers, full width and the micro-batch's tokens")
-    return kept_full, peak_full, how
+    how = (f"measured on 1- and 2-layer copies at {widths}, {PROBE_TOKENS} and {2 * PROBE_TOKENS} tokens in "
+           f"{len(lengths)} example{'s' if len(lengths) > 1 else ''}, scaled to {layers} layers, full width and the "
+           "micro-batch's tokens")
+    return kept_full, fixed_kept_full, peak_full, fixed_peak_full, how
 
 
 def _extrapolate(figures: dict, factors: tuple[int, ...], layers: int) -> float:
