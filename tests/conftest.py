@@ -6,11 +6,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+import launch
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
@@ -82,13 +83,6 @@ def write_recipe(path: Path, recipe: dict) -> Path:
     return path
 
 
-def run_cli(*args: str, timeout: int = 600, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run a console command of the venv (hf-tune, accelerate, python) and capture its output."""
-    exe = Path(sys.executable).parent / args[0]
-    return subprocess.run([str(exe), *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 def free_port() -> int:
     """A TCP port nothing listens on now, for a launcher's rendezvous (fixed ports collide with other runs)."""
     with socket.socket() as probe:
@@ -105,10 +99,10 @@ def mlflow_server(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     log = (folder / "server.log").open("w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port",
-                             str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-                             "--artifacts-destination", str(folder / "artifacts")],
-                            cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = launch.start("mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                        "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
+                        str(folder / "artifacts"), cwd=folder, stdout=log, stderr=subprocess.STDOUT,
+                        start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while True:
@@ -123,3 +117,16 @@ def mlflow_server(tmp_path_factory) -> str:
     os.killpg(proc.pid, signal.SIGKILL)  # the server and its uvicorn worker (SIGTERM takes ~9 s to drain)
     proc.wait(timeout=30)
     log.close()
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory):
+    """The session's uninterrupted reference runs (tests/runs.py): each recipe trained once, whoever asks."""
+    from runs import References
+
+    return References(tmp_path_factory.mktemp("references"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The processes the tests started (tests/launch.py): a new test's launches show in every run's summary."""
+    terminalreporter.write_line(launch.summary())

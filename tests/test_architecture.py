@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from conftest import REPO
+import launch
 
 PACKAGE = REPO / "hf_tune"
 
@@ -98,7 +97,7 @@ def test_the_cycle_check_finds_a_cycle():
 def test_importing_hf_tune_loads_no_heavy_library():
     code = ("import sys, hf_tune; heavy = ('torch', 'transformers', 'optuna', 'deepspeed', 'wandb', 'datasets'); "
             "print(sorted(name for name in heavy if name in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = launch.run("python", "-c", code, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import launch
 import yaml
 
 from hf_tune.errors import RecipeError
@@ -272,8 +272,7 @@ def test_bad_input_is_one_message_naming_its_key(case, tiny_llama_dir, tmp_path,
 @pytest.mark.parametrize("case", CLI_CASES)
 def test_the_command_line_prints_the_message_alone(case, tiny_llama_dir, tmp_path):
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "hf_tune.run", *arguments(case, tiny_llama_dir, out)], cwd=CORPUS,
-                          capture_output=True, text=True, timeout=300)
+    done = launch.run("python", "-m", "hf_tune.run", *arguments(case, tiny_llama_dir, out), cwd=CORPUS, timeout=300)
     assert done.returncode == 2
     assert f"hf_tune: error: {EXPECTED_KEY[case]}: " in done.stderr
     assert "Traceback" not in done.stderr

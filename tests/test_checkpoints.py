@@ -7,17 +7,14 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from safetensors.torch import load_file
 
-from conftest import REPO, chat_recipe, free_port, nan_model
+from conftest import chat_recipe, free_port, nan_model
+import launch
+from runs import assert_same_run, crash_recipe, kill_after_checkpoint, run_to_end, step_losses, wait_for
 from hf_tune import load_recipe, train
 from hf_tune.trainer.checkpoints import MARKER, is_complete
 from hf_tune.errors import HfTuneError, RecipeError
@@ -25,67 +22,17 @@ from hf_tune.errors import HfTuneError, RecipeError
 SECRET = "hf_SECRETtoken1234567890abcdefghijklmnop"  # the shape of a real token: hf_ and 34 characters
 
 
-def step_losses(run_dir: Path) -> list[tuple[int, float]]:
-    history = json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
-    return [(e["step"], e["loss"]) for e in history if "loss" in e]
-
-
-def crash_recipe(model_dir: str, out: Path, **training) -> dict:
-    settings = {"max_steps": 40, "save_strategy": "steps", "save_steps": 5, "logging_steps": 1, "seed": 3,
-                "per_device_train_batch_size": 4, **training}
-    raw = chat_recipe(model_dir, out, **settings)
-    raw["data"]["max_length"] = 96
-    return raw
-
-
-def launch(recipe: Path, *prefix: str) -> subprocess.Popen:
-    command = list(prefix) or [sys.executable, "-m", "hf_tune.run"]
-    return subprocess.Popen([*command, str(recipe)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read()[-2000:]}"
-        assert time.time() < deadline, "timed out waiting"
-        time.sleep(0.02)
-
-
-def run_to_end(recipe: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf_tune.run", str(recipe)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_llama_dir) -> Path:
-    out = tmp_path_factory.mktemp("reference") / "run"
-    recipe = tmp_path_factory.mktemp("recipes") / "reference.yaml"
-    recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, out)))
-    result = run_to_end(recipe)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
-
-
-def assert_same_run(run: Path, reference: Path) -> None:
-    assert step_losses(run) == step_losses(reference)  # every step's loss, bit for bit
-    mine, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
-    assert mine.keys() == theirs.keys()
-    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
-
-
-def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
-    proc = launch(recipe)
-    wait_for(lambda: is_complete(run_dir / f"checkpoint-{step}"), proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+@pytest.fixture
+def uninterrupted(references, tiny_llama_dir) -> Path:
+    """The crash recipe run to its end without a kill: the session's shared reference."""
+    return references.run(crash_recipe(tiny_llama_dir, Path("reference")))
 
 
 @pytest.mark.slow
 def test_killed_between_checkpoints_resumes_to_the_same_weights_and_losses(tmp_path, tiny_llama_dir, uninterrupted):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, tmp_path / "run")))
-    kill_after_checkpoint(recipe, tmp_path / "run", 10)
+    kill_after_checkpoint(recipe, tmp_path / "run", 6)
     assert not (tmp_path / "run" / "model.safetensors").exists()
     result = run_to_end(recipe)  # the same command again
     assert result.returncode == 0, result.stderr[-3000:]
@@ -98,19 +45,19 @@ def test_killed_twice_then_a_half_written_checkpoint_is_ignored(tmp_path, tiny_l
     run_dir = tmp_path / "run"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, run_dir)))
-    kill_after_checkpoint(recipe, run_dir, 10)
-    kill_after_checkpoint(recipe, run_dir, 20)
+    kill_after_checkpoint(recipe, run_dir, 3)
+    kill_after_checkpoint(recipe, run_dir, 6)
     # What a kill in the middle of Trainer's save leaves: a newer checkpoint folder, some files short, no marker.
-    partial = run_dir / "checkpoint-25"
+    partial = run_dir / "checkpoint-9"
     shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(run_dir / "checkpoint-20", partial)
+    shutil.copytree(run_dir / "checkpoint-6", partial)
     (partial / MARKER).unlink()
     with open(partial / "optimizer.pt", "r+b") as f:
         f.truncate(100)
     assert not is_complete(partial)
     result = run_to_end(recipe)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Ignoring" in result.stderr and "checkpoint-20" in result.stderr.split("Resuming from", 1)[1][:300]
+    assert "Ignoring" in result.stderr and "checkpoint-6" in result.stderr.split("Resuming from", 1)[1][:300]
     assert_same_run(run_dir, uninterrupted)
 
 
@@ -121,10 +68,9 @@ def test_torchrun_restarts_a_killed_worker_which_resumes(tmp_path, tiny_llama_di
     run_dir = tmp_path / "run"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_llama_dir, run_dir)))
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = launch(recipe, torchrun, "--nproc_per_node", "1", "--max-restarts", "1",
-                  "--master_port", str(free_port()), "-m", "hf_tune.run")
-    wait_for(lambda: is_complete(run_dir / "checkpoint-10"), proc)
+    proc = launch.start("torchrun", "--nproc_per_node", "1", "--max-restarts", "1", "--master_port", str(free_port()),
+                        "-m", "hf_tune.run", str(recipe))
+    wait_for(lambda: is_complete(run_dir / "checkpoint-6"), proc)
     workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "hf_tune.run" in " ".join(c.cmdline())]
     assert len(workers) == 1
     workers[0].send_signal(signal.SIGKILL)  # the worker dies; the torchrun agent stays
@@ -210,8 +156,7 @@ def test_training_report_plots(tmp_path, tiny_llama_dir):
     train(load_recipe(raw))
     for name in ("loss.png", "lr.png"):
         assert (tmp_path / "run" / name).stat().st_size > 5_000
-    result = subprocess.run([str(Path(sys.executable).parent / "hf-tune"), "report", str(tmp_path / "run")],
-                            capture_output=True, text=True, timeout=300)
+    result = launch.run("hf-tune", "report", str(tmp_path / "run"), timeout=300)
     assert result.returncode == 0 and "loss.png" in result.stdout
 
 
@@ -234,16 +179,16 @@ def test_wandb_offline_without_key_keeps_one_run_id_across_resume_and_tensorboar
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")  # no API key anywhere
     run_dir = tmp_path / "run"
-    raw = crash_recipe(tiny_llama_dir, run_dir, report_to=["wandb", "tensorboard"], max_steps=15)
+    raw = crash_recipe(tiny_llama_dir, run_dir, report_to=["wandb", "tensorboard"])
     raw["tracking"] = {"project": "hf-tune-tests", "name": "offline", "tags": ["ci"]}
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    command = [sys.executable, "-m", "hf_tune.run", str(recipe)]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: is_complete(run_dir / "checkpoint-5"), proc)
+    command = ["python", "-m", "hf_tune.run", str(recipe)]
+    proc = launch.start(*command, base_env=env)
+    wait_for(lambda: is_complete(run_dir / "checkpoint-6"), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = launch.run(*command, base_env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "logs offline" in result.stderr and "wandb sync" in result.stderr
     run_id = (run_dir / "wandb_run_id").read_text().strip()

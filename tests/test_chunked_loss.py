@@ -180,7 +180,7 @@ def test_two_ddp_ranks_with_the_chunked_loss_average_the_heads_gradient_into_one
     import yaml
 
     from conftest import free_port
-    from test_distributed import assert_data_parallel, run, small_recipe
+    from runs import assert_data_parallel, run_ranks as run, small_recipe
 
     recipe = small_recipe(tmp_path, tiny_llama_dir)
     raw = yaml.safe_load(recipe.read_text())

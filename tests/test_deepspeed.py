@@ -6,13 +6,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import REPO, chat_recipe, free_port
+import launch
 from hf_tune import build_training_arguments, load_recipe
 from hf_tune.errors import HfTuneError
 
@@ -69,11 +69,10 @@ def zero_llrd_recipe(model_dir: str, folder: Path, stage: str) -> Path:
 
 
 def deepspeed_command(recipe: Path, port: int) -> list[str]:
-    return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), "--module",
-            "hf_tune.run", str(recipe)]
+    return ["deepspeed", "--num_gpus", "2", "--master_port", str(port), "--module", "hf_tune.run", str(recipe)]
 
 
-DEEPSPEED_ENV = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+DEEPSPEED_ENV = {"TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +85,8 @@ def uninterrupted_zero_run(tmp_path_factory, tiny_llama_dir):
         if stage not in runs:
             folder = tmp_path_factory.mktemp(f"uninterrupted-{stage}") / "run"
             port = free_port()
-            result = subprocess.run(deepspeed_command(zero_llrd_recipe(tiny_llama_dir, folder, stage), port), cwd=REPO,
-                                    env=DEEPSPEED_ENV, capture_output=True, text=True, timeout=900)
+            result = launch.run(*deepspeed_command(zero_llrd_recipe(tiny_llama_dir, folder, stage), port),
+                                env=DEEPSPEED_ENV, timeout=900)
             assert result.returncode == 0, result.stderr[-3000:]
             runs[stage] = folder, port, result
         return runs[stage]
@@ -121,10 +120,7 @@ def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llam
     raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = launch.run(*launch.deepspeed(2, "--module", "hf_tune.run", str(recipe)), env=DEEPSPEED_ENV, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
     config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
@@ -148,16 +144,15 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
 
     reference_dir, _, _ = uninterrupted_zero_run(stage)
     killed = zero_llrd_recipe(tiny_llama_dir, tmp_path / "killed", stage)
-    proc = subprocess.Popen(deepspeed_command(killed, free_port()), cwd=REPO, env=DEEPSPEED_ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = launch.start(*deepspeed_command(killed, free_port()), env=DEEPSPEED_ENV, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while not is_complete(tmp_path / "killed" / "checkpoint-8"):
         assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
     proc.wait()
-    resumed = subprocess.run(deepspeed_command(killed, free_port()), cwd=REPO, env=DEEPSPEED_ENV, capture_output=True,
-                             text=True, timeout=900)
+    resumed = launch.run(*deepspeed_command(killed, free_port()), env=DEEPSPEED_ENV, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout + resumed.stderr
 
@@ -184,15 +179,13 @@ def test_two_process_zero2_sigterm_to_one_rank_saves_that_step_and_resumes_to_th
     reference_dir, _, _ = uninterrupted_zero_run("zero2")
     run_dir = tmp_path / "stopped"
     recipe = zero_llrd_recipe(tiny_llama_dir, run_dir, "zero2")
-    probe = [str(Path(sys.executable).parent / "deepspeed"), "--no_local_rank", "--num_gpus", "2", "--master_port",
-             str(free_port()), "tests/preemption_probe.py", str(recipe), "6", "TERM", "1"]
-    stopped = subprocess.run(probe, cwd=REPO, env=DEEPSPEED_ENV, capture_output=True, text=True, timeout=900)
+    stopped = launch.run("deepspeed", "--no_local_rank", "--num_gpus", "2", "--master_port", str(free_port()),
+                         "tests/preemption_probe.py", str(recipe), "6", "TERM", "1", env=DEEPSPEED_ENV, timeout=900)
     assert [json.loads((run_dir / f"exit-rank{r}.json").read_text())["status"] for r in (0, 1)] == \
         [EXIT_PREEMPTED] * 2, stopped.stderr[-3000:]
     assert is_complete(run_dir / "checkpoint-6") and len(list((run_dir / "checkpoint-6").rglob("*optim_states.pt"))) == 2
     assert not json.loads((run_dir / "run.json").read_text())["end_time"]
-    resumed = subprocess.run(deepspeed_command(recipe, free_port()), cwd=REPO, env=DEEPSPEED_ENV, capture_output=True,
-                             text=True, timeout=900)
+    resumed = launch.run(*deepspeed_command(recipe, free_port()), env=DEEPSPEED_ENV, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "checkpoint-6" in (resumed.stdout + resumed.stderr).split("Resuming from", 1)[1][:300]
 
@@ -260,11 +253,8 @@ def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(
     raw["optim"] = {"layerwise_lr_decay": 0.5}
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), str(REPO / "tests" / "deepspeed_probe.py"), str(recipe),
-                             str(tmp_path / "report.json")], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=900)
+    result = launch.run(*launch.deepspeed(2, str(REPO / "tests" / "deepspeed_probe.py"), str(recipe),
+                                          str(tmp_path / "report.json")), env=DEEPSPEED_ENV, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"report.json.rank{rank}").read_text()) for rank in (0, 1)]
     assert [r["world_size"] for r in reports] == [2, 2] and "Stage3" in reports[0]["wrapper"]

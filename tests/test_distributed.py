@@ -9,40 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import REPO, chat_recipe, free_port
+import launch
+from runs import assert_data_parallel, run_ranks, small_recipe
 
 BIN = Path(sys.executable).parent
-
-
-def small_recipe(tmp_path: Path, tiny_llama_dir: str, **training) -> Path:
-    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **{"max_steps": 3, **training})
-    rows = (REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines()[:24]
-    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
-    raw["data"]["train"]["path"] = str(tmp_path / "train.jsonl")
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def run(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / command[0]), *command[1:]], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-
-
-def assert_data_parallel(run_dir: Path) -> None:
-    ranks = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert [r["world_size"] for r in ranks] == [2, 2] and [r["rank"] for r in ranks] == [0, 1]
-    assert ranks[0]["examples"] and not set(ranks[0]["examples"]) & set(ranks[1]["examples"])  # different batches
-    assert len(ranks[0]["examples"]) + len(ranks[1]["examples"]) == 24  # together: the whole set, once
-    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # gradients were averaged: one model
 
 
 @pytest.mark.slow
 def test_torchrun_two_processes_train_one_model_on_different_batches(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir)
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
+    result = run_ranks("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
                  str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_data_parallel(tmp_path / "run")
@@ -51,8 +29,8 @@ def test_torchrun_two_processes_train_one_model_on_different_batches(tmp_path, t
 @pytest.mark.slow
 def test_accelerate_multi_gpu_launch_on_cpu_is_data_parallel(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir)
-    result = run("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port()),
-                 "tests/ddp_probe.py", str(recipe))
+    result = run_ranks("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
+                       str(free_port()), "tests/ddp_probe.py", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_data_parallel(tmp_path / "run")
 
@@ -60,7 +38,7 @@ def test_accelerate_multi_gpu_launch_on_cpu_is_data_parallel(tmp_path, tiny_llam
 @pytest.mark.slow
 def test_accelerate_single_process_launcher_asked_for_two_is_refused(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir)
-    result = run("accelerate", "launch", "--cpu", "--num_processes", "2", "-m", "hf_tune.run", str(recipe))
+    result = run_ranks("accelerate", "launch", "--cpu", "--num_processes", "2", "-m", "hf_tune.run", str(recipe))
     assert result.returncode != 0  # hf_tune exits 2; accelerate reports it as 1
     assert "asked for 2 processes but started only this one" in result.stderr and "--multi_gpu" in result.stderr
     assert not (tmp_path / "run" / "trainer_state.json").exists()
@@ -69,7 +47,7 @@ def test_accelerate_single_process_launcher_asked_for_two_is_refused(tmp_path, t
 @pytest.mark.slow
 def test_torchrun_ranks_that_would_train_alone_are_refused(tmp_path, tiny_llama_dir):
     recipe = small_recipe(tmp_path, tiny_llama_dir, use_cpu=False)  # on CPU: each rank would be world size 1
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.run",
+    result = run_ranks("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.run",
                  str(recipe))
     assert result.returncode != 0
     assert "WORLD_SIZE=2" in result.stderr and "trains alone" in result.stderr
@@ -100,7 +78,7 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path, smol_tok
     smol_tokenizer.save_pretrained(tmp_path / "model")
     recipe = small_recipe(tmp_path, str(tmp_path / "model"), max_steps=12, save_strategy="steps", save_steps=1)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
+    result = run_ranks("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
                  str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     errors = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text())["error"] for r in (0, 1)]
@@ -147,7 +125,6 @@ def test_the_shipped_fsdp2_accelerate_config_wraps_transformer_blocks():
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, launcher):
     """Each "node" is its own launcher process with its node rank, as on a cluster without ssh."""
-    import os
 
     from transformers import AutoModelForCausalLM
 
@@ -158,15 +135,13 @@ def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, l
 
     def node(rank: int) -> list[str]:
         if launcher == "torchrun":
-            return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
+            return ["torchrun", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
                     "--master_addr", "127.0.0.1", "--master_port", port, "-m", "hf_tune.run", str(recipe)]
-        return [str(BIN / "deepspeed"), "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank),
+        return ["deepspeed", "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank),
                 "--master_addr", "127.0.0.1", "--master_port", port, "--module", "hf_tune.run", str(recipe)]
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    nodes = [subprocess.Popen(node(rank), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for rank in (0, 1)]
+    env = {"TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    nodes = [launch.start(*node(rank), env=env, threads=True, stderr=subprocess.STDOUT) for rank in (0, 1)]
     outputs = [p.communicate(timeout=600)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "rank 0 of 2" in outputs[0] and "rank 1 of 2" in outputs[1]
@@ -185,9 +160,8 @@ def test_accelerate_launch_on_cpu_trains_on_every_core_unless_the_user_chose_a_t
     recipe = small_recipe(tmp_path, tiny_llama_dir, max_steps=1)
     for flags, expected in (([], cores), (["--num_cpu_threads_per_process", "1"], 1)):
         run_dir = tmp_path / f"run-{len(flags)}"
-        result = subprocess.run([str(BIN / "accelerate"), "launch", *flags, "-m", "hf_tune.run", str(recipe),
-                                 f"training.output_dir={run_dir}"], cwd=REPO, capture_output=True, text=True,
-                                timeout=600, env=env)
+        result = launch.run("accelerate", "launch", *flags, "-m", "hf_tune.run", str(recipe),
+                            f"training.output_dir={run_dir}", base_env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         assert json.loads((run_dir / "run.json").read_text())["cpu_threads"] == expected
         assert ("CPU threads:" in result.stderr) == (not flags)  # one log line, only when hf_tune chose

@@ -5,13 +5,12 @@ samples equal plain greedy generation from the checkpoint and reach MLflow; offl
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import chat_recipe
+import launch
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.tracking import TRACKER_ENV
@@ -63,10 +62,9 @@ def evaluations(history: list[dict]) -> list[dict]:
 
 def lm_eval_cli(checkpoint: Path, out: Path) -> dict:
     """lm-eval's own command line on a saved checkpoint: the independent scorer."""
-    subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-                    f"pretrained={checkpoint},dtype=float32", "--device", "cpu", "--tasks", TASK, "--include_path",
-                    str(SHIPPED_TASKS_DIR), "--limit", str(LIMIT), "--batch_size", "4", "--output_path", str(out)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    launch.run("python", "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={checkpoint},dtype=float32",
+               "--device", "cpu", "--tasks", TASK, "--include_path", str(SHIPPED_TASKS_DIR), "--limit", str(LIMIT),
+               "--batch_size", "4", "--output_path", str(out), check=True, timeout=300)
     [results] = out.rglob("results_*.json")
     return json.loads(results.read_text())["results"][TASK]
 
@@ -231,11 +229,9 @@ def test_eval_watch_scores_each_checkpoint_of_a_run_in_progress_and_report_plots
     raw = chat_recipe(tiny_llama_dir, run_dir, max_steps=3, save_strategy="steps", save_steps=1, learning_rate=3e-2,
                       seed=0)
     recipe = write_recipe(tmp_path / "recipe.yaml", raw)
-    venv = Path(sys.executable).parent
-    watcher = subprocess.Popen([str(venv / "hf-tune"), "eval", str(run_dir), "--watch", "--tasks", TASK, "--limit",
-                                str(LIMIT), "--batch-size", "4", "--interval", "0.5", "--device", "cpu"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    subprocess.run([sys.executable, "-m", "hf_tune.run", str(recipe)], check=True, capture_output=True, timeout=300)
+    watcher = launch.start("hf-tune", "eval", str(run_dir), "--watch", "--tasks", TASK, "--limit", str(LIMIT),
+                           "--batch-size", "4", "--interval", "0.5", "--device", "cpu")
+    launch.run("python", "-m", "hf_tune.run", str(recipe), check=True, timeout=300)
     out, err = watcher.communicate(timeout=300)
     assert watcher.returncode == 0, err[-2000:]
 

@@ -7,8 +7,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -17,7 +15,8 @@ import torch
 import yaml
 from huggingface_hub import constants
 
-from conftest import REPO, SMOLLM2, chat_recipe
+from conftest import SMOLLM2, chat_recipe
+import launch
 from fake_hub import FakeHub
 from hf_tune import load_recipe, train
 from hf_tune.model.embedded import EMBEDDED_MODELS, locate_embedded
@@ -37,8 +36,7 @@ def hf_tune_cli(*args, endpoint: str, token: str | None = TOKEN):
     env.update(HF_ENDPOINT=endpoint, HF_HOME=str(Path(os.environ.get("TMPDIR", "/tmp")) / "hf_tune_test_home"))
     if token:
         env["HF_TOKEN"] = token
-    return subprocess.run([str(Path(sys.executable).parent / "hf-tune"), *args], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=REPO)
+    return launch.run("hf-tune", *args, base_env=env)
 
 
 @pytest.fixture(scope="module")
@@ -256,8 +254,7 @@ def test_merge_of_a_smollm2_lora_run_matches_base_plus_adapter(tmp_path, hub):
     raw = chat_recipe(SMOLLM2, tmp_path / "run", max_steps=3, learning_rate=5e-3)
     raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj", "o_proj"]}
     train(load_recipe(raw))
-    result = subprocess.run([str(Path(sys.executable).parent / "hf-tune"), "merge", str(tmp_path / "run"), "--check"],
-                            capture_output=True, text=True, timeout=600)
+    result = launch.run("hf-tune", "merge", str(tmp_path / "run"), "--check")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "check: max |Δ logit|" in result.stdout
     merged_dir = tmp_path / "run" / "merged"

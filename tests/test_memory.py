@@ -5,7 +5,6 @@ against the tensors autograd really keeps."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import yaml
 
 from conftest import DATA, REPO, nan_model
+import launch
 from hf_tune import load_recipe, train
 from hf_tune.build.run_build import build_run
 from hf_tune.errors import HfTuneError, RecipeError
@@ -334,7 +335,7 @@ def test_reference_log_probabilities_are_reused_across_runs_and_adapters(tmp_pat
 def test_dpo_killed_between_checkpoints_resumes_to_the_same_adapter_and_losses(tmp_path, tiny_llama_dir):
     from safetensors.torch import load_file
 
-    from test_checkpoints import kill_after_checkpoint, run_to_end, step_losses
+    from runs import kill_after_checkpoint, run_to_end, step_losses
 
     data = conversational_pairs(tmp_path / "p.jsonl")
 
@@ -483,23 +484,18 @@ def test_a_reward_model_run_merges_to_a_one_score_classifier(tmp_path, tiny_llam
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_two_process_deepspeed_dpo_with_lora_trains_the_whole_adapter(tmp_path, tiny_llama_dir, stage):
-    import os
-    import subprocess
 
     from safetensors.torch import load_file
 
-    from conftest import free_port
-    from test_checkpoints import step_losses
+    from runs import step_losses
 
     raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
                         max_steps=3, deepspeed=stage, per_device_train_batch_size=1, learning_rate=1e-2)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "HF_TUNE_CACHE": str(tmp_path / "cache"),
+    env = {"HF_TUNE_CACHE": str(tmp_path / "cache"),
            "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), "--module", "hf_tune.run", str(recipe)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = launch.run(*launch.deepspeed(2, "--module", "hf_tune.run", str(recipe)), env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert step_losses(tmp_path / "run")[0][1] == pytest.approx(math.log(2), abs=1e-5)  # both ranks: the reference
     adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe
+from conftest import chat_recipe
+import launch
 from hf_tune import load_recipe, train
 from hf_tune.trainer.checkpoints import is_complete
 from hf_tune.commands.cli import main as hf_tune_cli
@@ -77,7 +77,7 @@ def test_the_run_folder_store_gets_the_recipes_name_tags_params_step_metrics_and
     assert {k: params.get(k) for k in flatten(recipe)} == flatten(recipe)  # every key of the resolved recipe
     assert params["lora.r"] == "4" and params["training.learning_rate"] == "0.001"
     manifest = json.loads((run_dir / "run.json").read_text())
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = launch.run("git", "rev-parse", "HEAD").stdout.strip()
     assert params["git.commit"] == commit
     assert params["datasets.train.fingerprint"] == manifest["datasets"]["train"]["fingerprint"]
     assert params["base_model.name_or_path"] == tiny_llama_dir
@@ -148,8 +148,7 @@ def test_a_killed_run_resumed_continues_the_same_mlflow_run(tmp_path, tiny_llama
     raw["tracking"] = {"project": experiment, "name": "resumed"}
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    proc = subprocess.Popen([sys.executable, "-m", "hf_tune.run", str(recipe)], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = launch.start("python", "-m", "hf_tune.run", str(recipe), stdout=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not is_complete(run_dir / "checkpoint-2"):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]

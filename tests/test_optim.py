@@ -15,7 +15,8 @@ import torch
 from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, TrainerCallback, TrainingArguments)
 
-from conftest import DATA, chat_recipe, free_port
+from conftest import DATA, chat_recipe
+import launch
 from hf_tune.errors import HfTuneError
 from hf_tune import load_recipe
 from hf_tune.recipe.schema import OptimSection
@@ -245,10 +246,6 @@ def test_plan_counts_the_steps_the_run_takes_and_writes_the_schedule_plot(tmp_pa
 def test_deepspeed_zero2_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
     """Single-process DeepSpeed on CPU (the multi-process runs belong to the DeepSpeed launcher tests)."""
     import collections
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from transformers import AutoModelForCausalLM
 
@@ -264,11 +261,8 @@ def test_deepspeed_zero2_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(json.dumps(raw))  # JSON is YAML
     report_path = tmp_path / "report.json"
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "1", "--master_port",
-                             str(free_port()), str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path),
-                             str(report_path)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = launch.run(*launch.deepspeed(1, str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path),
+                                          str(report_path)), env=launch.TORCH_EXTENSIONS)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["deepspeed"] and report["engine"] == "DeepSpeedEngine" and "Zero" in report["wrapper"]

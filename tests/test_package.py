@@ -8,11 +8,11 @@ import importlib.metadata
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO
+import launch
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -50,7 +50,7 @@ def test_every_imported_package_is_declared_and_the_direct_ones_are_required():
 
 
 def test_hf_tune_version_prints_the_installed_version():
-    done = run_cli("hf-tune", "--version", timeout=120)
+    done = launch.run("hf-tune", "--version", timeout=120)
     assert done.returncode == 0
     assert done.stdout.strip() == f"hf-tune {importlib.metadata.version('hf_tune')}"
 

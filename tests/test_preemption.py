@@ -8,21 +8,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe, free_port
-from test_checkpoints import assert_same_run, step_losses
+from conftest import REPO, chat_recipe
+import launch
+from runs import assert_same_run, crash_recipe, step_losses, write
 from hf_tune.errors import EXIT_PREEMPTED
 from hf_tune.trainer.checkpoints import is_complete
 
-BIN = Path(sys.executable).parent
 PROBE = "tests/preemption_probe.py"  # hf_tune.run's train, signalling itself at a given step on one rank
-ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))},
-       "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+TRACKERS_OFFLINE = {**{k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))},
+                    "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
 def recipe_file(folder: Path, model_dir: str, report_to: str | list = "none", **training) -> Path:
@@ -35,12 +34,14 @@ def recipe_file(folder: Path, model_dir: str, report_to: str | list = "none", **
     return path
 
 
-def launch(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(command), cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV)
+def run_command(*command: str, threads: bool = False) -> subprocess.CompletedProcess:
+    """A launch with the trackers' own variables of this process left out (offline W&B); ``threads``: one CPU
+    thread a rank (the 2-rank launches), else the thread count hf_tune decides, as the shared references run."""
+    return launch.run(*command, base_env=TRACKERS_OFFLINE, threads=threads)
 
 
 def torchrun(*args: str) -> list[str]:
-    return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), *args]
+    return launch.torchrun(2, *args)
 
 
 def assert_stopped_unfinished(run_dir: Path, step: int, saved: list[int]) -> None:
@@ -54,19 +55,16 @@ def assert_stopped_unfinished(run_dir: Path, step: int, saved: list[int]) -> Non
 
 
 @pytest.mark.slow
-def test_sigterm_saves_that_step_exits_75_and_the_rerun_matches_a_run_never_stopped(tmp_path, tiny_llama_dir):
-    (tmp_path / "ref").mkdir(), (tmp_path / "stopped").mkdir()
-    settings = {"max_steps": 12, "save_steps": 5, "per_device_train_batch_size": 4}
-    reference = launch(sys.executable, "-m", "hf_tune.run", str(recipe_file(tmp_path / "ref", tiny_llama_dir,
-                                                                            **settings)))
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    recipe = recipe_file(tmp_path / "stopped", tiny_llama_dir, ["wandb", "mlflow"], **settings)
+def test_sigterm_saves_that_step_exits_75_and_the_rerun_matches_a_run_never_stopped(tmp_path, tiny_llama_dir,
+                                                                                    references):
+    reference = references.run(crash_recipe(tiny_llama_dir, Path("reference")))  # the crash tests' shared one
     run_dir = tmp_path / "stopped" / "run"
+    recipe = write(crash_recipe(tiny_llama_dir, run_dir, report_to=["wandb", "mlflow"]), tmp_path / "stopped.yaml")
 
-    stopped = launch(sys.executable, PROBE, str(recipe), "7", "TERM", "0")  # SIGTERM during step 7; saves: 5, 10
+    stopped = run_command("python", PROBE, str(recipe), "7", "TERM", "0")  # SIGTERM during step 7; saves: 3, 6, 9
     assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
     assert "SIGTERM received: saving checkpoint-7 and stopping" in stopped.stderr
-    assert_stopped_unfinished(run_dir, 7, saved=[5, 7])
+    assert_stopped_unfinished(run_dir, 7, saved=[3, 6, 7])
     tracker_ids = [(run_dir / name).read_text() for name in ("wandb_run_id", "mlflow_run_id")]
     from mlflow import MlflowClient
 
@@ -74,10 +72,10 @@ def test_sigterm_saves_that_step_exits_75_and_the_rerun_matches_a_run_never_stop
     client = MlflowClient(uri)
     assert client.get_run(mlflow_id).info.status == "KILLED"  # stopped, not failed
 
-    resumed = launch(sys.executable, "-m", "hf_tune.run", str(recipe))  # the same command again
+    resumed = run_command("python", "-m", "hf_tune.run", str(recipe))  # the same command again
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming from {run_dir / 'checkpoint-7'}" in resumed.stderr
-    assert_same_run(run_dir, tmp_path / "ref" / "run")  # every loss and the final weights, bit for bit
+    assert_same_run(run_dir, reference)  # every loss and the final weights, bit for bit
     assert [(run_dir / name).read_text() for name in ("wandb_run_id", "mlflow_run_id")] == tracker_ids
     wandb_id = tracker_ids[0].strip()
     offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
@@ -93,20 +91,20 @@ def test_sigusr1_to_one_ddp_rank_stops_both_at_its_step_and_the_rerun_matches(tm
     """Rank 1 alone is signalled; rank 0 learns it at the step's end (an all-reduce), both save and exit 75."""
     (tmp_path / "ref").mkdir(), (tmp_path / "stopped").mkdir()
     settings = {"max_steps": 8, "save_steps": 5}  # 6 steps an epoch: the rerun resumes inside epoch 1, ends in 2
-    reference = launch(*torchrun("-m", "hf_tune.run", str(recipe_file(tmp_path / "ref", tiny_llama_dir,
-                                                                      **settings))))
+    reference = run_command(*torchrun("-m", "hf_tune.run", str(recipe_file(tmp_path / "ref", tiny_llama_dir,
+                                                                           **settings))), threads=True)
     assert reference.returncode == 0, reference.stderr[-3000:]
     recipe = recipe_file(tmp_path / "stopped", tiny_llama_dir, **settings)
     run_dir = tmp_path / "stopped" / "run"
 
-    stopped = launch(*torchrun(PROBE, str(recipe), "3", "USR1", "1"))
+    stopped = run_command(*torchrun(PROBE, str(recipe), "3", "USR1", "1"), threads=True)
     assert stopped.returncode != 0  # torchrun reports its workers' 75 as a failure (exit 1)
     assert [json.loads((run_dir / f"exit-rank{r}.json").read_text())["status"] for r in (0, 1)] == [EXIT_PREEMPTED] * 2
     assert "SIGUSR1 received: saving checkpoint-3" in stopped.stderr
     assert "a signal on another rank received: saving checkpoint-3" in stopped.stderr
     assert_stopped_unfinished(run_dir, 3, saved=[3])
 
-    resumed = launch(*torchrun("-m", "hf_tune.run", str(recipe)))
+    resumed = run_command(*torchrun("-m", "hf_tune.run", str(recipe)), threads=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stderr and "checkpoint-3" in resumed.stderr.split("Resuming from", 1)[1][:300]
     assert_same_run(run_dir, tmp_path / "ref" / "run")

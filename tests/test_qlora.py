@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from conftest import REPO, chat_recipe, run_cli
+from conftest import REPO, chat_recipe
+import launch
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
 
@@ -94,16 +95,12 @@ def test_a_sharded_8bit_base_is_refused_naming_both_keys(tmp_path, tiny_llama_di
 def test_two_process_zero3_qlora_partitions_the_4bit_weights_and_saves_a_reloadable_adapter(tmp_path, tiny_llama_dir):
     """ZeRO-3 QLoRA as PEFT documents it (bnb_4bit_quant_storage = model.dtype), on CPU with gloo: DeepSpeed shards
     each packed 4-bit weight over the 2 ranks, the loss stays finite, and the adapter reloads onto a 4-bit base."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import yaml
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from conftest import free_port
     from hf_tune.model.quantization import bitsandbytes_config, keep_weight_layout
 
     stored = {**NF4, "bnb_4bit_quant_storage": "float32"}  # the CPU's model dtype; bfloat16 on a GPU
@@ -111,10 +108,8 @@ def test_two_process_zero3_qlora_partitions_the_4bit_weights_and_saves_a_reloada
     raw["model"]["dtype"] = "float32"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
-                             str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    result = launch.run(*launch.deepspeed(2, str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
+                                          str(tmp_path / "report")), env=launch.TORCH_EXTENSIONS, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]
     for report in ranks:
@@ -315,7 +310,7 @@ def test_model_flops_of_a_4bit_base_count_the_unpacked_weights(tiny_llama_dir):
 def test_the_qlora_recipe_trains_smollm2_offline(tmp_path):
     out, chats = tmp_path / "run", tmp_path / "chats.jsonl"
     chats.write_text("".join((REPO / "examples" / "data" / "chat_demo.jsonl").read_text().splitlines(True)[:24]))
-    result = run_cli("python", "-m", "hf_tune.run", str(REPO / "recipes" / "llm_qlora.yaml"), "training.max_steps=1",
+    result = launch.run("python", "-m", "hf_tune.run", str(REPO / "recipes" / "llm_qlora.yaml"), "training.max_steps=1",
                      "training.eval_strategy=no", "training.save_strategy=no", f"training.output_dir={out}",
                      f"data.train.path={chats}", "data.eval_split=0.125", "data.batch_tokens=256",
                      "data.max_length=256", "training.per_device_eval_batch_size=3")

@@ -8,7 +8,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import DATA, REPO, run_cli, write_recipe
+from conftest import DATA, REPO, write_recipe
+import launch
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune import load_recipe
 from hf_tune.recipe import apply_overrides, redact_secrets
@@ -157,12 +158,12 @@ def test_cli_validate_prints_resolved_recipe_and_bad_recipe_exits_nonzero_withou
     assert resolved["training"]["max_steps"] == 3 and resolved["model"]["task"] == "causal_lm"
 
     bad = write_recipe(tmp_path / "bad.yaml", with_(["training.learnin_rate=1e-4"]))
-    result = run_cli("hf-tune", "validate", str(bad))
+    result = launch.run("hf-tune", "validate", str(bad))
     assert result.returncode == 2
     assert "training.learnin_rate" in result.stderr and "learning_rate" in result.stderr
     assert "Traceback" not in result.stderr
 
-    result = run_cli("python", "-m", "hf_tune.run", str(bad))  # the training entry point fails the same way
+    result = launch.run("python", "-m", "hf_tune.run", str(bad))  # the training entry point fails the same way
     assert result.returncode == 2 and "training.learnin_rate" in result.stderr and "Traceback" not in result.stderr
 
     with pytest.raises(RecipeError, match="training.learnin_rate"):  # --debug before the verb: raised, so a traceback

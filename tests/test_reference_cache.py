@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, chat_recipe, free_port, save_tiny_llama
+from conftest import REPO, chat_recipe, save_tiny_llama
+import launch
 from test_methods import conversational_pairs, method_recipe
 
 
@@ -57,11 +55,8 @@ def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path
             recipes.append(tmp_path / f"{identity}-{run}.yaml")
             recipes[-1].write_text(yaml.safe_dump(raw))
         phases.append(",".join([identity, str(cache), *map(str, recipes)]))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port",
-                             str(free_port()), str(REPO / "tests" / "reference_cache_probe.py"),
-                             str(tmp_path / "report"), *phases], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=900)
+    result = launch.run(*launch.deepspeed(2, str(REPO / "tests" / "reference_cache_probe.py"),
+                                          str(tmp_path / "report"), *phases), env=launch.TORCH_EXTENSIONS, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]
     rows = ranks[0][0]["trainers"][0]["rows"]

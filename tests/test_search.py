@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -14,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, chat_recipe, free_port, write_recipe
+import launch
 from hf_tune import load_recipe, search, train
 from hf_tune.search import format_summary
 from hf_tune.errors import HfTuneError
@@ -144,11 +143,6 @@ def test_a_pruner_needs_periodic_evaluation(tmp_path, tiny_llama_dir):
         load_recipe(raw)
 
 
-def cli(*args, **kwargs):
-    return subprocess.Popen([str(Path(sys.executable).parent / args[0]), *args[1:]], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
-
-
 @pytest.mark.slow
 def test_two_workers_share_one_study_without_losing_or_repeating_trials(tmp_path, tiny_llama_dir):
     space = {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
@@ -156,7 +150,7 @@ def test_two_workers_share_one_study_without_losing_or_repeating_trials(tmp_path
                                                              "storage": str(tmp_path / "journal.log")}, lora=None)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    workers = [cli("python", "-m", "hf_tune.search", str(recipe)) for _ in range(2)]
+    workers = [launch.start("python", "-m", "hf_tune.search", str(recipe)) for _ in range(2)]
     outputs = [w.communicate(timeout=600) for w in workers]
     assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log")))
@@ -209,7 +203,7 @@ def one_trial_study(tmp_path: Path, model_dir: str) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_workers_starting_trials_together_run_no_more_than_n_trials(tmp_path, tiny_llama_dir):
     recipe, arrived = one_trial_study(tmp_path, tiny_llama_dir)
-    workers = [cli("python", "-c", HELD_WORKER, str(arrived), "2", str(recipe)) for _ in range(2)]
+    workers = [launch.start("python", "-c", HELD_WORKER, str(arrived), "2", str(recipe)) for _ in range(2)]
     outputs = [w.communicate(timeout=600) for w in workers]
     assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
     assert len(list(arrived.iterdir())) == 2  # both held: both had found room for a trial
@@ -226,15 +220,14 @@ def test_two_ddp_launches_starting_trials_together_run_no_more_than_n_trials(tmp
     recipe, arrived = one_trial_study(tmp_path, tiny_llama_dir)
     worker = tmp_path / "held_worker.py"
     worker.write_text(HELD_WORKER)  # rank 0 of each launch creates the trials: two processes meet at the barrier
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launches = [cli("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), str(worker), str(arrived),
-                    "2", str(recipe), env=env) for _ in range(2)]
+    procs = [launch.start(*launch.torchrun(2, str(worker), str(arrived), "2", str(recipe)), threads=True)
+             for _ in range(2)]
     try:
-        outputs = [launch.communicate(timeout=400) for launch in launches]
+        outputs = [proc.communicate(timeout=400) for proc in procs]
     finally:
-        for launch in launches:
-            launch.kill()
-    assert all(launch.returncode == 0 for launch in launches), [err[-3000:] for _, err in outputs]
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), [err[-3000:] for _, err in outputs]
     assert len(list(arrived.iterdir())) == 2
     trials = optuna.load_study(study_name="recipe", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}").trials
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"]
@@ -250,9 +243,7 @@ def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
     raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1})
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.search",
-               str(recipe), env=env)
+    proc = launch.start(*launch.torchrun(2, "-m", "hf_tune.search", str(recipe)), threads=True)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     lines = [line.split(": trial ", 1)[1] for line in err.splitlines() if " of 2: trial " in line]
@@ -271,9 +262,7 @@ def test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank(tmp_path, tiny_llam
         "pruner_kwargs": {"n_startup_trials": 1, "n_warmup_steps": 0}}, lora=None, max_steps=6)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = cli("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "hf_tune.search",
-               str(recipe), env=env)
+    proc = launch.start(*launch.torchrun(2, "-m", "hf_tune.search", str(recipe)), threads=True)
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -359,7 +348,7 @@ def test_hf_tune_search_stays_the_function_after_the_python_m_entry_point_is_imp
             "try:\n    runpy.run_module('hf_tune.search', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "import hf_tune.search.__main__\n"
             "assert inspect.isfunction(hf_tune.search), hf_tune.search\nprint('function')")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = launch.run("python", "-c", code, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("function"), result.stderr[-2000:]
 
 
@@ -518,7 +507,7 @@ def test_dashboard_prints_a_command_that_serves_the_study(tmp_path, tiny_llama_d
     port = free_port()
     command[command.index("--port") + 1] = str(port)
     assert command[-1] == f"sqlite:///{(tmp_path / 'study' / 'study.db').resolve()}"
-    server = cli(*command)
+    server = launch.start(*command)
     try:
         for _ in range(100):
             try:
@@ -552,7 +541,7 @@ def test_a_trial_killed_mid_training_resumes_from_its_checkpoint_with_the_same_n
     uninterrupted = search(load_recipe(study_recipe("whole")))["trials"][0]
 
     recipe = study_recipe("killed")
-    worker = cli("python", "-m", "hf_tune.search", str(recipe))
+    worker = launch.start("python", "-m", "hf_tune.search", str(recipe))
     trial_dir = tmp_path / "killed" / "trial-0"
     deadline = time.time() + 300
     while not list(trial_dir.glob("checkpoint-*/hf_tune_complete.json")):

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import DATA, write_recipe
+import launch
 from hf_tune import load_recipe, search
 from hf_tune.errors import HfTuneError
 
@@ -225,13 +226,10 @@ def test_a_killed_cross_validated_trial_keeps_its_folds_and_resumes_the_one_it_w
     """SIGKILL the study once a fold has finished and another has a complete checkpoint. Rerunning the command
     resumes the same trial: the finished fold is kept, not trained again, the interrupted one is trained on from
     its last complete checkpoint, and every fold's value, and so the trial's, equals an uninterrupted study's."""
-    import os
     import signal
     import subprocess
-    import sys
     import time
 
-    from conftest import REPO
     from hf_tune.trainer.checkpoints import is_complete
 
     def study_recipe(name: str) -> Path:
@@ -244,14 +242,13 @@ def test_a_killed_cross_validated_trial_keeps_its_folds_and_resumes_the_one_it_w
         return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / name / 'study.db'}").trials[0]
 
     search(load_recipe(study_recipe("whole")))
-    command = [sys.executable, "-m", "hf_tune.commands.cli", "search", str(study_recipe("killed"))]
+    command = ["python", "-m", "hf_tune.commands.cli", "search", str(study_recipe("killed"))]
     folds = [tmp_path / "killed" / "trial-0" / f"fold-{k}" for k in range(3)]
 
     def finished(fold: Path) -> bool:
         return (fold / "eval_results.json").is_file()
 
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = launch.start(*command, stdout=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (any(finished(f) for f in folds) and any(not finished(f) and any(
             is_complete(c) for c in f.glob("checkpoint-*")) for f in folds)):
@@ -264,7 +261,7 @@ def test_a_killed_cross_validated_trial_keeps_its_folds_and_resumes_the_one_it_w
     first_results = {k: (folds[k] / "eval_results.json").read_text() for k in done_before}
     assert trial_0("killed").state == optuna.trial.TrialState.RUNNING
 
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = launch.run(*command)
     assert result.returncode == 0, result.stderr[-3000:]
     killed, whole = trial_0("killed"), trial_0("whole")
     assert killed.state == optuna.trial.TrialState.COMPLETE and killed.user_attrs["resumed"] is True

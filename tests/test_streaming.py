@@ -147,7 +147,7 @@ def test_each_rank_reads_its_own_share_of_the_stream(tmp_path, tiny_llama_dir, s
     two before tokenizing when there are fewer files than ranks, else whole files), none twice, and they train one
     model. Before hf_tune split a one-file stream itself, both ranks read and tokenized all 24 examples."""
     from conftest import free_port
-    from test_distributed import run
+    from runs import run_ranks as run
 
     recipe = two_rank_stream(tmp_path, tiny_llama_dir, files)
     result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
@@ -165,7 +165,7 @@ def test_a_two_rank_streamed_run_resumes_bit_exact(tmp_path, tiny_llama_dir):
     """Run A: 2 ranks, 4 steps on a one-file stream, saving at step 2. Run B resumes A's checkpoint-2 under the same
     launcher: each rank replays its share and skips its 2 batches, so B ends with A's weights, bit for bit."""
     from conftest import free_port
-    from test_distributed import run
+    from runs import run_ranks as run
 
     common = dict(max_steps=4, save_strategy="steps", save_steps=2, per_device_train_batch_size=1)
     recipes = {name: two_rank_stream(tmp_path, tiny_llama_dir, 1, name, **common) for name in "ab"}

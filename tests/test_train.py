@@ -9,7 +9,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import DATA, SMOLLM2, chat_recipe, run_cli, write_recipe
+from conftest import DATA, SMOLLM2, chat_recipe, write_recipe
+import launch
 from hf_tune import load_recipe, train
 from hf_tune.commands.chat import load_trained, reply
 
@@ -89,7 +90,7 @@ def test_accelerate_launch_runs_the_same_module(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", chat_recipe(SMOLLM2, tmp_path / "run", max_steps=2))
     yaml_text = recipe.read_text()
     recipe.write_text(yaml_text + "lora:\n  r: 4\n  target_modules: [q_proj, v_proj]\n")
-    result = run_cli("accelerate", "launch", "--num_processes", "1", "-m", "hf_tune.run", str(recipe))
+    result = launch.run("accelerate", "launch", "--num_processes", "1", "-m", "hf_tune.run", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Run folder:" in result.stdout and "hf-tune chat" in result.stdout
     state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
@@ -99,7 +100,7 @@ def test_accelerate_launch_runs_the_same_module(tmp_path):
 
 @pytest.mark.slow
 def test_notebook_example_runs(tmp_path):
-    result = run_cli("python", "examples/notebook_api.py", "training.max_steps=2",
+    result = launch.run("python", "examples/notebook_api.py", "training.max_steps=2",
                      f"training.output_dir={tmp_path / 'nb'}", "data.max_length=96")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trainable params" in result.stdout and "model says:" in result.stdout

@@ -4,7 +4,6 @@ torchrun launches on CPU, gloo), and the refusals that keep a resume from being 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, chat_recipe, free_port
+from conftest import REPO, chat_recipe
+import launch
 
 BIN = Path(sys.executable).parent
 TORCH_EXTENSIONS = Path.home() / ".cache" / "hf_tune" / "torch_extensions"  # DeepSpeed's CPU ops, built once
@@ -34,10 +34,8 @@ def recipe_file(folder: Path, tiny_llama_dir: str, run_dir: Path, accumulation: 
 
 
 def torchrun(ranks: int, recipe: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(free_port()),
-                             "tests/resume_probe.py", str(recipe)], cwd=REPO, capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1",
-                                                          "TORCH_EXTENSIONS_DIR": str(TORCH_EXTENSIONS)})
+    result = launch.run(*launch.torchrun(ranks, "tests/resume_probe.py", str(recipe)), threads=True,
+                        env={"TORCH_EXTENSIONS_DIR": str(TORCH_EXTENSIONS)})
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

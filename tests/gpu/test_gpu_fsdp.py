@@ -4,26 +4,23 @@ checkpoint (sharded, as the config says) loads all of it back (accelerate#4206 s
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 
 from conftest import REPO, chat_recipe, free_port
+import launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 PROBE = REPO / "tests" / "gpu" / "fsdp_probe.py"
 
 
-def launch(recipe_path) -> subprocess.CompletedProcess:
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    command = [accelerate, "launch", "--config_file", str(REPO / "examples" / "launch" / "fsdp2.yaml"),
-               "--num_processes", str(torch.cuda.device_count()), "--main_process_port", str(free_port()),
-               str(PROBE), str(recipe_path)]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+def fsdp_launch(recipe_path) -> subprocess.CompletedProcess:
+    return launch.run("accelerate", "launch", "--config_file", str(REPO / "examples" / "launch" / "fsdp2.yaml"),
+                      "--num_processes", str(torch.cuda.device_count()), "--main_process_port", str(free_port()),
+                      str(PROBE), str(recipe_path), timeout=900)
 
 
 def adapter_file(folder) -> dict[str, torch.Tensor]:
@@ -46,7 +43,7 @@ def test_fsdp2_lora_saves_and_resumes_the_whole_adapter(tmp_path, tiny_llama_dir
     raw["lora"] = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "lora_dropout": 0.0}
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
-    first = launch(path)
+    first = fsdp_launch(path)
     assert first.returncode == 0, first.stderr[-4000:]
     live = torch.load(out / "live-end.pt")
     assert len(live) == 2 * 7 * 2  # A and B of q, k, v, o, gate, up, down in both blocks
@@ -57,7 +54,7 @@ def test_fsdp2_lora_saves_and_resumes_the_whole_adapter(tmp_path, tiny_llama_dir
     raw["training"]["max_steps"] = 5  # resumes from checkpoint-3
     path.write_text(yaml.safe_dump(raw))
     (out / "live-begin.pt").unlink()
-    second = launch(path)
+    second = fsdp_launch(path)
     assert second.returncode == 0, second.stderr[-4000:]
     assert_same_adapter(torch.load(out / "live-begin.pt"), live)  # the resume loaded every tensor back
     resumed_end = torch.load(out / "live-end.pt")

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from conftest import REPO, chat_recipe, free_port
+from conftest import REPO, chat_recipe
+import launch
 
 pytestmark = pytest.mark.gpu
 
@@ -40,10 +37,8 @@ def test_zero3_qlora_partitions_a_bf16_stored_4bit_base_and_saves_a_reloadable_a
     raw["lora"] = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "lora_dropout": 0.0}
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    result = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(gpus), "--master_port",
-                             str(free_port()), str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
-                             str(tmp_path / "report")], cwd=REPO, env=dict(os.environ), capture_output=True,
-                            text=True, timeout=900)
+    result = launch.run(*launch.deepspeed(gpus, str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
+                                          str(tmp_path / "report")), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "report.rank0").read_text())
     assert report["engine"] == "DeepSpeedEngine" and report["weights"]
