@@ -394,3 +394,21 @@ def family_tokenizer(base, family: str):
     tokenizer.add_special_tokens({"bos_token": bos, "eos_token": eos, "additional_special_tokens": others})
     tokenizer.chat_template = globals()[family]
     return tokenizer
+
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def reference(tokenizer, segments: list[tuple[str, bool]]) -> tuple[str, list[int], list[int]]:
+    """Text, tokens and labels of a conversation written as (text, trained) segments: the whole text is tokenized
+    once, and a token is trained when it starts inside a trained segment."""
+    text = "".join(s for s, _ in segments)
+    trained, at = [], 0
+    for piece, train in segments:
+        if train:
+            trained.append((at, at + len(piece)))
+        at += len(piece)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    labels = [t if any(a <= start < b for a, b in trained) else -100  # IGNORE_INDEX
+              for t, (start, _) in zip(encoded["input_ids"], encoded["offset_mapping"])]
+    return text, encoded["input_ids"], labels

@@ -83,6 +83,15 @@ def write_recipe(path: Path, recipe: dict) -> Path:
     return path
 
 
+@pytest.fixture
+def offline(monkeypatch):
+    """No Hub: the shipped config.json is the only source of a big model's shapes."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("hf_tune.runtime.network.hub_is_reachable", lambda *a, **k: False)
+    for module in ("hf_tune.build.preflight", "hf_tune.model.loading"):
+        monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, for a launcher's rendezvous (fixed ports collide with other runs)."""
     with socket.socket() as probe:

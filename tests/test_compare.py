@@ -85,7 +85,7 @@ def ray_study(tmp_path_factory, tiny_llama_dir):
     runs in this session, else on one started here."""
     ray = pytest.importorskip("ray")
     from hf_tune import search
-    from test_search_ray import ray_recipe
+    from inputs import ray_recipe
 
     started = not ray.is_initialized()
     if started:
@@ -105,7 +105,7 @@ def ray_study(tmp_path_factory, tiny_llama_dir):
 
 
 def test_a_ray_study_folder_stands_for_its_trials_as_an_optuna_one_does(ray_study, tmp_path, capsys):
-    from test_search_ray import reported
+    from inputs import reported
 
     study, result = ray_study
     rows = reported(Path(result["experiment_path"]))  # Ray's own record of each trial's reports, read independently

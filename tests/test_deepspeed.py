@@ -246,7 +246,7 @@ def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(
 
     from transformers import AutoModelForCausalLM
 
-    from test_optim import BASE_LR, WD, expected
+    from inputs import BASE_LR, WD, expected
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=2, deepspeed="zero3", learning_rate=BASE_LR,
                       weight_decay=WD)

@@ -16,6 +16,7 @@ import yaml
 from huggingface_hub import constants
 
 from conftest import SMOLLM2, chat_recipe
+from inputs import TOKEN, front_matter
 import launch
 from fake_hub import FakeHub
 from hf_tune import load_recipe, train
@@ -24,7 +25,6 @@ from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.hub import push
 from hf_tune.lifecycle.model_card import base_model_id
 
-TOKEN = "hf_testTOKENabcdef123"
 HOST = "hf-tune-test-host-5e1f09"  # the host name the module's run records: distinctive, so a search for it is fair
 SMOL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 REPO_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md", "recipe.yaml", "tokenizer.json",
@@ -74,10 +74,6 @@ def hub(monkeypatch):
     with FakeHub() as fake:
         monkeypatch.setattr(constants, "ENDPOINT", fake.url)
         yield fake
-
-
-def front_matter(readme: bytes) -> dict:
-    return yaml.safe_load(readme.decode().split("---")[1])
 
 
 def digest(folder: Path) -> dict[str, str]:

@@ -9,32 +9,13 @@ import re
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from conftest import REPO
+from vision_inputs import (DECAY, LEARNING_RATE, SHAPE_COLOURS as COLOURS, VIT_LAYERS, draw, overrides,
+                           save_tiny)
 from hf_tune import load_recipe, train
 from hf_tune.errors import RecipeError
-
-COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220)}
-LEARNING_RATE, DECAY, VIT_LAYERS = 3e-3, 0.5, 3
-
-
-def draw(rng: random.Random, colour: tuple[int, int, int]) -> Image.Image:
-    """A square, circle or triangle of ``colour`` (jittered) at a random place and size on a light background."""
-    image = Image.new("RGB", (24, 24), tuple(rng.randint(200, 255) for _ in range(3)))
-    side = rng.randint(8, 12)
-    x, y = rng.randint(0, 24 - side), rng.randint(0, 24 - side)
-    fill = tuple(max(0, min(255, c + rng.randint(-30, 30))) for c in colour)
-    box, shape = (x, y, x + side, y + side), rng.choice(("square", "circle", "triangle"))
-    draw_on = ImageDraw.Draw(image)
-    if shape == "square":
-        draw_on.rectangle(box, fill=fill)
-    elif shape == "circle":
-        draw_on.ellipse(box, fill=fill)
-    else:
-        draw_on.polygon([(x, y + side), (x + side, y + side), (x + side // 2, y)], fill=fill)
-    return image
-
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
@@ -46,35 +27,6 @@ def shapes(tmp_path_factory):
             for i in range(count):
                 draw(rng, colour).save(root / split / name / f"{i}.png")
     return root
-
-
-def save_tiny(folder, kind: str) -> str:
-    """A random tiny ViT (3 blocks) or ConvNeXt (2 stages), with its (slow, PIL) image processor, at 16x16 pixels."""
-    import torch
-    from transformers import (ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessorPil, ViTConfig,
-                              ViTForImageClassification, ViTImageProcessorPil)
-
-    torch.manual_seed(0)
-    if kind == "vit":
-        config = ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=VIT_LAYERS,
-                           num_attention_heads=2, intermediate_size=64)
-        ViTForImageClassification(config).save_pretrained(folder)
-        ViTImageProcessorPil(size={"height": 16, "width": 16}).save_pretrained(folder)
-    else:
-        config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 2], num_stages=2, image_size=16)
-        ConvNextForImageClassification(config).save_pretrained(folder)
-        ConvNextImageProcessorPil(size={"shortest_edge": 16}).save_pretrained(folder)
-    return str(folder)
-
-
-def overrides(model: str, shapes, out, **more) -> list[str]:
-    """The shipped recipe, on a tiny model and the drawn set."""
-    values = {"model.pretrained_model_name_or_path": model, "data.train.data_dir": shapes,
-              "data.eval.data_dir": shapes, "training.output_dir": out, "training.learning_rate": LEARNING_RATE,
-              "optim.layerwise_lr_decay": DECAY, "training.disable_tqdm": "true", "training.save_strategy": "no",
-              "training.load_best_model_at_end": "false", "training.logging_steps": 50,
-              "model.ignore_mismatched_sizes": "true", **more}  # the tiny models have 2 classes, the drawn set 3
-    return [f"{key}={value}" for key, value in values.items()]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import pytest
 import yaml
 
 from conftest import DATA
-from test_memory import offline  # noqa: F401  (fixture)
 
 MACHINES = [(1, 24), (1, 80), (8, 80)]
 MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"]
@@ -15,7 +14,7 @@ MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
-def test_init_writes_recipes_that_plan_within_the_machine(model, offline, tmp_path):  # noqa: F811
+def test_init_writes_recipes_that_plan_within_the_machine(model, offline, tmp_path):
     from hf_tune import load_recipe
     from hf_tune.errors import HfTuneError
     from hf_tune.commands.init_recipe import write_recipe
@@ -39,7 +38,7 @@ def test_init_writes_recipes_that_plan_within_the_machine(model, offline, tmp_pa
     assert written == (2 if model == MODELS[2] else 3)
 
 
-def test_a_full_fine_tune_of_8b_on_eight_gpus_goes_to_zero_2_as_the_bytes_say(offline, tmp_path):  # noqa: F811
+def test_a_full_fine_tune_of_8b_on_eight_gpus_goes_to_zero_2_as_the_bytes_say(offline, tmp_path):
     """DDP replicates float32 weights, gradients and two moments: 16 bytes x 8.03B = 128 GB, more than a card.
     ZeRO-2 keeps bf16 weights (2 bytes) and partitions 18 bytes of gradients and fp32 states over 8 ranks."""
     from hf_tune.commands.init_recipe import write_recipe
@@ -54,7 +53,7 @@ def test_a_full_fine_tune_of_8b_on_eight_gpus_goes_to_zero_2_as_the_bytes_say(of
     assert recipe["model"]["dtype"] == "bfloat16" and "lora" not in recipe  # DeepSpeed keeps the fp32 master
 
 
-def test_the_init_command_writes_the_file_and_says_what_it_chose(offline, tmp_path, capsys):  # noqa: F811
+def test_the_init_command_writes_the_file_and_says_what_it_chose(offline, tmp_path, capsys):
     from hf_tune.commands.cli import main
 
     out = tmp_path / "r.yaml"
@@ -67,7 +66,7 @@ def test_the_init_command_writes_the_file_and_says_what_it_chose(offline, tmp_pa
     assert recipe["machine"] == {"world_size": 1, "gpu_memory_gb": 24.0}  # plan plans for it
 
 
-def test_init_without_data_names_a_placeholder_and_says_so(offline, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_init_without_data_names_a_placeholder_and_says_so(offline, tmp_path, capsys, monkeypatch):
     """As --help and the docs say: the recipe is written with data/train.jsonl, and init and the recipe both say
     to put the data there; until then loading the recipe names that key."""
     from hf_tune import load_recipe

@@ -14,15 +14,6 @@ from conftest import REPO
 SCALE = sorted((REPO / "recipes" / "scale").glob("*.yaml"))
 
 
-@pytest.fixture
-def offline(monkeypatch):
-    """No Hub: the shipped config.json is the only source of a big model's shapes."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("hf_tune.runtime.network.hub_is_reachable", lambda *a, **k: False)
-    for module in ("hf_tune.build.preflight", "hf_tune.model.loading"):
-        monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
-
-
 def decoder_params(c: dict) -> int:
     """Parameters of a Llama-style decoder by its config: embeddings (twice unless tied), per block the attention
     projections, the gated MLP and two norms, the final norm."""
@@ -150,7 +141,7 @@ def test_the_activation_estimate_covers_what_autograd_keeps(checkpointing):
         assert measured >= 0.6 * estimate
 
 
-def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path):  # noqa: F811
+def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path):
     """The chunked loss (on by default under LoRA, whose LM head is frozen) never holds the logits. With
     ``model.chunked_loss: false`` the probe keeps one more float32 ``[positions, vocabulary]`` tensor for backward
     (the log-softmax of every position but the last: 4 bytes each), and at the peak at least two (that log-softmax
@@ -170,7 +161,7 @@ def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path
     assert load_recipe(path).lora  # the shipped recipe is LoRA: the default applies
 
 
-def test_a_plan_writes_only_into_its_out_folder(offline, tmp_path, monkeypatch):  # noqa: F811
+def test_a_plan_writes_only_into_its_out_folder(offline, tmp_path, monkeypatch):
     """``hf-tune plan --out DIR`` leaves no empty run folder behind (``training.output_dir`` is relative here)."""
     from hf_tune import load_recipe
     from hf_tune.commands.plan import plan

@@ -14,43 +14,12 @@ import torch.nn.functional as F
 import yaml
 
 from conftest import DATA, REPO, nan_model
+from inputs import PAIRS, conversational_pairs, method_recipe, write_jsonl
 import launch
 from hf_tune import load_recipe, train
 from hf_tune.build.run_build import build_run
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe import read_recipe
-
-PAIRS = [
-    ("What is 2 + 2?", "2 + 2 = 4.", "2 + 2 = 5."),
-    ("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Lyon."),
-    ("What is 3 + 5?", "3 + 5 = 8.", "3 + 5 = 9."),
-    ("Spell 'cat' backwards.", "'cat' backwards is 'tac'.", "'cat' backwards is 'act'."),
-    ("What is 10 - 4?", "10 - 4 = 6.", "10 - 4 = 7."),
-    ("What is the capital of Spain?", "The capital of Spain is Madrid.", "The capital of Spain is Rome."),
-]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def conversational_pairs(path: Path) -> Path:
-    return write_jsonl(path, [{"prompt": [{"role": "user", "content": p}],
-                               "chosen": [{"role": "assistant", "content": c}],
-                               "rejected": [{"role": "assistant", "content": r}]} for p, c, r in PAIRS])
-
-
-def method_recipe(method: str, model: str, data: Path, out: Path, lora: bool = True, **training) -> dict:
-    raw = {"method": method, "model": {"pretrained_model_name_or_path": model},
-           "data": {"train": {"path": str(data)}},
-           "training": {"output_dir": str(out), "max_steps": 2, "per_device_train_batch_size": 2,
-                        "learning_rate": 1e-3, "report_to": "none", "logging_steps": 1, "save_strategy": "no",
-                        "disable_tqdm": True, "bf16": False, "gradient_checkpointing": False, **training}}
-    if lora:
-        raw["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    return raw
-
 
 def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import pytest
 import torch
@@ -16,13 +15,13 @@ from transformers import (BertConfig, BertForSequenceClassification, GPT2Config,
                           LlamaForCausalLM, TrainerCallback, TrainingArguments)
 
 from conftest import DATA, chat_recipe
+from inputs import BASE_LR, WD, expected
 import launch
 from hf_tune.errors import HfTuneError
 from hf_tune import load_recipe
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer.hooks import HfTuneTrainer
 
-BASE_LR, WD = 1e-3, 0.05
 
 
 def tiny_llama():
@@ -37,25 +36,6 @@ def tiny_bert():
 
 def tiny_gpt2():
     return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=3, n_head=2, n_positions=32))
-
-
-# Independent definitions per family: (block regex, embedding regex, no-decay regex)
-FAMILIES = {
-    "llama": (r"model\.layers\.(\d+)\.", r"embed_tokens", r"(norm|bias|embed_tokens)"),
-    "bert": (r"bert\.encoder\.layer\.(\d+)\.", r"bert\.embeddings\.", r"(bias|LayerNorm|embeddings)"),
-    "gpt2": (r"transformer\.h\.(\d+)\.", r"transformer\.(wte|wpe)\.", r"(bias|ln_|wte|wpe)"),
-}
-
-
-def expected(name: str, family: str, num_blocks: int, decay: float, head_lr: float | None = None):
-    block, embedding, no_decay = FAMILIES[family]
-    match = re.search(block, name)
-    depth = int(match.group(1)) + 1 if match else 0 if re.search(embedding, name) else num_blocks + 1
-    lr = BASE_LR * decay ** (num_blocks + 1 - depth)
-    if head_lr is not None and depth == num_blocks + 1:
-        lr = head_lr
-    wd = 0.0 if re.search(no_decay, name) and "lora_" not in name else WD
-    return lr, wd
 
 
 def optimizer_view(model, groups: OptimSection, tmp_path, **args):

@@ -10,19 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import DATA, chat_recipe
+from inputs import make_examples
 
 LENGTHS = [37, 5, 90, 12, 61, 3, 44, 20]  # deliberately ragged
-
-
-def make_examples(n_tokens: list[int], seed: int = 0, vocab: int = 1000) -> list[dict]:
-    """Examples whose labels mask a prompt of a third of the tokens, like a chat."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for n in n_tokens:
-        ids = torch.randint(10, vocab, (n,), generator=g).tolist()
-        prompt = n // 3
-        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import REPO, chat_recipe, save_tiny_llama
 import launch
-from test_methods import conversational_pairs, method_recipe
+from inputs import conversational_pairs, method_recipe
 
 
 def chosen_logps(base: str, rows: list[dict]) -> list[float]:

@@ -7,7 +7,7 @@ import pytest
 
 from hf_tune import load_recipe, search
 from hf_tune.errors import RecipeError
-from test_methods import conversational_pairs, method_recipe
+from inputs import conversational_pairs, method_recipe
 
 
 def method_search(tiny_llama_dir, tmp_path, space: dict, method: str = "dpo", **data) -> dict:

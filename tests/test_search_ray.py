@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import chat_recipe
+from inputs import ray_recipe, reported
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
 
@@ -25,26 +25,6 @@ def local_ray():
              runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
-
-
-def ray_recipe(model_dir: str, out: Path, search_section: dict, **training) -> dict:
-    settings = {"max_steps": 6, "per_device_train_batch_size": 4, "eval_strategy": "steps", "eval_steps": 2,
-                "learning_rate": 1e-3, "seed": 7, **training}
-    raw = chat_recipe(model_dir, out, **settings)
-    raw["data"]["eval_split"] = 0.05
-    raw["data"]["max_length"] = 64
-    raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
-    raw["search"] = {"backend": "ray", "n_trials": 4, **search_section}
-    return raw
-
-
-def reported(experiment: Path) -> dict[int, list[dict]]:
-    """Ray's own record of every result each trial reported (result.json in each trial's folder), by trial number."""
-    results = {}
-    for path in experiment.glob("*/result.json"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        results[int(rows[0]["trial_id"].rsplit("_", 1)[-1])] = rows
-    return dict(sorted(results.items()))
 
 
 def test_asha_stops_the_trials_its_rule_says_and_the_best_recipe_reproduces(tmp_path, tiny_llama_dir, local_ray):
@@ -179,7 +159,7 @@ def test_ray_grid_takes_categorical_keys_and_gives_each_combination_once(tmp_pat
 
 
 def test_a_dpo_recipe_searches_beta_on_ray_with_one_trainer_per_trial(tmp_path, tiny_llama_dir, local_ray):
-    from test_methods import conversational_pairs, method_recipe
+    from inputs import conversational_pairs, method_recipe
 
     raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "study",
                         max_steps=4, eval_strategy="steps", eval_steps=2, learning_rate=1e-3)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from chat_templates import family_tokenizer
+from chat_templates import QWEN_SYSTEM, family_tokenizer, reference
 
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset, tokenize_example
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import DataSection
 
-QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 CHAT = [
     {"role": "user", "content": "What is 2 + 3?"},
     {"role": "assistant", "content": "2 + 3 = 5."},
@@ -27,21 +26,6 @@ REASONING = [
     {"role": "user", "content": "And doubled?"},
     {"role": "assistant", "reasoning_content": "Twice five is ten.", "content": "10."},
 ]
-
-
-def reference(tokenizer, segments: list[tuple[str, bool]]) -> tuple[str, list[int], list[int]]:
-    """Text, tokens and labels of a conversation written as (text, trained) segments: the whole text is tokenized
-    once, and a token is trained when it starts inside a trained segment."""
-    text = "".join(s for s, _ in segments)
-    trained, at = [], 0
-    for piece, train in segments:
-        if train:
-            trained.append((at, at + len(piece)))
-        at += len(piece)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    labels = [t if any(a <= start < b for a, b in trained) else IGNORE_INDEX
-              for t, (start, _) in zip(encoded["input_ids"], encoded["offset_mapping"])]
-    return text, encoded["input_ids"], labels
 
 
 def chatml_segments(messages, default_system=None):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import DATA, chat_recipe
-from test_packing import make_examples
+from inputs import make_examples
 
 
 def test_token_counter_counts_real_tokens_when_pad_is_eos(smol_tokenizer):

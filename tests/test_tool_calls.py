@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from chat_templates import family_tokenizer
 from conftest import DATA, chat_recipe
-from test_templates import QWEN_SYSTEM, reference
+from chat_templates import QWEN_SYSTEM, family_tokenizer, reference
 
 from hf_tune.data.loading import load_source
 from hf_tune.data.messages import sharegpt_messages

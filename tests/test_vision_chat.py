@@ -10,81 +10,10 @@ import pytest
 from PIL import Image
 
 from conftest import REPO
+from vision_inputs import (SQUARE_COLOURS as COLOURS, mllm_demo_rows, recipe_overrides,  # noqa: F401  (tiny_vlm:
+                           tiny_vlm, trl_rows, write_images)  # a fixture)
 from hf_tune import load_recipe, train
 from hf_tune.errors import RecipeError
-
-# SmolVLM's chat template (HuggingFaceTB/SmolVLM-256M-Instruct)
-TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]"
-            "['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if "
-            "line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}"
-            "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
-COLOURS = ("red", "green", "blue")
-
-
-@pytest.fixture(scope="module")
-def tiny_vlm(tmp_path_factory, smol_tokenizer) -> str:
-    """Idefics3: a 1-layer vision tower (32x32 pixels, 8x8 patches: 4 image tokens after pixel shuffle), a 2-layer
-    Llama, SmolLM2's tokenizer with the image tokens added, SmolVLM's template; no image splitting."""
-    import copy
-
-    import torch
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, LlamaConfig
-    from transformers.models.idefics3 import Idefics3ImageProcessorPil
-
-    folder = tmp_path_factory.mktemp("tiny-vlm")
-    tokenizer = copy.deepcopy(smol_tokenizer)
-    tokenizer.add_special_tokens({"additional_special_tokens": [
-        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]})
-    images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 32},
-                                       max_image_size={"longest_edge": 32})
-    Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
-                      chat_template=TEMPLATE).save_pretrained(folder)
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id)
-    config = Idefics3Config(vision_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                           "intermediate_size": 64, "image_size": 32, "patch_size": 8},
-                            text_config=text.to_dict(), scale_factor=2,
-                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
-    torch.manual_seed(0)
-    Idefics3ForConditionalGeneration(config).save_pretrained(folder)
-    return str(folder)
-
-
-def write_images(folder) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    for colour in COLOURS:
-        image = Image.new("RGB", (24, 24), "white")
-        image.paste(Image.new("RGB", (12, 12), colour), (6, 6))
-        image.save(folder / f"{colour}.png")
-    return [f"images/{colour}.png" for colour in COLOURS]
-
-
-def trl_rows(paths: list[str]) -> list[dict]:
-    """TRL's layout: image parts in the content, the images beside; the last row has two turns."""
-    rows = [{"messages": [{"role": "user", "content": [{"type": "image"},
-                                                       {"type": "text", "text": "What colour is the square?"}]},
-                          {"role": "assistant", "content": [{"type": "text", "text": colour}]}],
-             "images": [path]} for colour, path in zip(COLOURS, paths)]
-    rows[-1]["messages"] += [{"role": "user", "content": [{"type": "text", "text": "Sure?"}]},
-                             {"role": "assistant", "content": [{"type": "text", "text": "Yes, blue."}]}]
-    return rows
-
-
-def mllm_demo_rows(paths: list[str], copies: int = 4) -> list[dict]:
-    """LLaMA-Factory's mllm_demo layout: string content with <image> markers, and an images list."""
-    return [{"messages": [{"role": "user", "content": "<image>What colour is the square?"},
-                          {"role": "assistant", "content": colour}], "images": [path]}
-            for _ in range(copies) for colour, path in zip(COLOURS, paths)]
-
-
-def recipe_overrides(model: str, data, out, **more) -> list[str]:
-    values = {"model.pretrained_model_name_or_path": model, "data.train.path": data, "training.output_dir": out,
-              "data.eval_split": "null", "training.eval_strategy": "no", "training.save_strategy": "no",
-              "training.disable_tqdm": "true", "training.per_device_train_batch_size": 3,
-              "training.gradient_accumulation_steps": 1, "training.learning_rate": 1e-3, "training.logging_steps": 1,
-              **more}
-    return [f"{key}={value}" for key, value in values.items()]
-
 
 def independent_labels(tokenizer, ids: list[int]) -> list[int]:
     """-100 everywhere but each assistant answer: the tokens after each 'Assistant:' up to and including the

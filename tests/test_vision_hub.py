@@ -15,9 +15,9 @@ from conftest import REPO
 from fake_hub import FakeHub
 from hf_tune import load_recipe, train
 from hf_tune.lifecycle.hub import merge, push
-from test_hub import TOKEN, front_matter
-from test_images import COLOURS, draw, overrides, save_tiny
-from test_vision_chat import mllm_demo_rows, recipe_overrides, tiny_vlm, write_images  # noqa: F401  (a fixture)
+from inputs import TOKEN, front_matter
+from vision_inputs import (SHAPE_COLOURS as COLOURS, draw, mllm_demo_rows, overrides,  # noqa: F401  (tiny_vlm:
+                           recipe_overrides, save_tiny, tiny_vlm, write_images)  # a fixture)
 
 
 @pytest.fixture

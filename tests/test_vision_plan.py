@@ -9,7 +9,7 @@ from PIL import Image
 
 from conftest import REPO
 from hf_tune import load_recipe
-from test_vision_chat import recipe_overrides, tiny_vlm, trl_rows, write_images  # noqa: F401  (a fixture)
+from vision_inputs import recipe_overrides, tiny_vlm, trl_rows, write_images  # noqa: F401  (tiny_vlm: a fixture)
 
 
 def test_plan_counts_each_images_tokens_as_the_processor_expands_them(tiny_vlm, tmp_path):  # noqa: F811
