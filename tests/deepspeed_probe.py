@@ -1,18 +1,30 @@
 """Run under the `deepspeed` launcher by test_optim.py / test_deepspeed.py: train from a recipe, then dump (per rank)
-the param groups that the DeepSpeed engine's optimizer actually steps and how each parameter is stored."""
+the param groups that the DeepSpeed engine's optimizer actually steps and how each parameter is stored.
+
+``deepspeed_probe.py RECIPE REPORT``: the trainer built by hf_tune's notebook API and trained by ``trainer.train``;
+``deepspeed_probe.py RECIPE REPORT --run``: the whole run as ``python -m hf_tune.run RECIPE`` does it (its logging,
+run folder, final save), so that one launch serves as a test's reference run and as its probe."""
 
 import json
 import sys
 
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
 
-recipe_path, report_path = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
+arguments = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
+recipe_path, report_path = arguments[:2]
 recipe = load_recipe(recipe_path)
 args = build_training_arguments(recipe)
-model, tokenizer = build_model_and_tokenizer(recipe)
-train_dataset, _ = build_datasets(recipe, tokenizer, args)
-trainer = build_trainer(recipe, model, tokenizer, train_dataset, None, args)
-trainer.train()
+if "--run" in arguments:
+    from hf_tune.commands.command_line import configure_logging
+    from hf_tune.commands.train import train
+
+    configure_logging()
+    trainer = train(recipe)
+else:
+    model, tokenizer = build_model_and_tokenizer(recipe)
+    train_dataset, _ = build_datasets(recipe, tokenizer, args)
+    trainer = build_trainer(recipe, model, tokenizer, train_dataset, None, args)
+    trainer.train()
 engine_optimizer = trainer.model_wrapped.optimizer
 stepped = getattr(engine_optimizer, "optimizer", engine_optimizer)  # the optimizer inside ZeRO's wrapper
 groups = [{"initial_lr": g["initial_lr"], "weight_decay": g["weight_decay"],

@@ -93,12 +93,16 @@ FAMILIES = {
 }
 
 
-def expected(name: str, family: str, num_blocks: int, decay: float, head_lr: float | None = None):
+def expected(name: str, family: str, num_blocks: int, decay: float, head_lr: float | None = None,
+             base_lr: float = BASE_LR, weight_decay: float = WD):
+    """(LR, weight decay) of parameter ``name`` by the rule written here: depth 0 the embeddings, 1..num_blocks the
+    blocks, num_blocks + 1 the head; LR ``base_lr * decay ** (num_blocks + 1 - depth)``; no decay on norms, biases
+    and embeddings (LoRA's tensors always decay)."""
     block, embedding, no_decay = FAMILIES[family]
     match = re.search(block, name)
     depth = int(match.group(1)) + 1 if match else 0 if re.search(embedding, name) else num_blocks + 1
-    lr = BASE_LR * decay ** (num_blocks + 1 - depth)
+    lr = base_lr * decay ** (num_blocks + 1 - depth)
     if head_lr is not None and depth == num_blocks + 1:
         lr = head_lr
-    wd = 0.0 if re.search(no_decay, name) and "lora_" not in name else WD
+    wd = 0.0 if re.search(no_decay, name) and "lora_" not in name else weight_decay
     return lr, wd

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, chat_recipe, free_port
+from inputs import WD, expected
 import launch
 from hf_tune import build_training_arguments, load_recipe
 from hf_tune.errors import HfTuneError
@@ -58,11 +59,15 @@ def test_a_contradicting_value_names_both_keys(tmp_path, tiny_llama_dir):
         load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed=str(path)))
 
 
+ZERO_LR, ZERO_DECAY = 3e-3, 0.7
+
+
 def zero_llrd_recipe(model_dir: str, folder: Path, stage: str) -> Path:
-    """A 16-step full fine-tune under ZeRO ``stage`` with layer-wise LR decay, a checkpoint every 4 steps."""
+    """A 16-step full fine-tune under ZeRO ``stage`` with layer-wise LR decay and weight decay (on what the rule of
+    inputs.expected decays), a checkpoint every 4 steps."""
     raw = chat_recipe(model_dir, folder, max_steps=16, deepspeed=stage, save_strategy="steps", save_steps=4,
-                      learning_rate=3e-3, seed=5)
-    raw["optim"] = {"layerwise_lr_decay": 0.7}
+                      learning_rate=ZERO_LR, weight_decay=WD, seed=5)
+    raw["optim"] = {"layerwise_lr_decay": ZERO_DECAY}
     path = folder.parent / f"{folder.name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -77,18 +82,24 @@ DEEPSPEED_ENV = {"TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" 
 
 @pytest.fixture(scope="module")
 def uninterrupted_zero_run(tmp_path_factory, tiny_llama_dir):
-    """stage -> (run folder, port, finished launch) of one uninterrupted 2-process run of ``zero_llrd_recipe``, launched
-    once per module: the reference of the kill-and-resume test and the full fine-tune that the ZeRO-3 save test loads."""
+    """stage -> (run folder, port, finished launch, per-rank reports) of one uninterrupted 2-process run of
+    ``zero_llrd_recipe``, launched once per module as ``python -m hf_tune.run`` runs it, through
+    tests/deepspeed_probe.py --run, which then reports each rank's optimizer groups and parameter storage: the
+    reference of the kill-and-resume tests, the full fine-tune the ZeRO-3 save test loads, and the run whose
+    partitions and LLRD groups the ZeRO-3 probe test reads (one launch for the three)."""
     runs = {}
 
     def run(stage: str):
         if stage not in runs:
             folder = tmp_path_factory.mktemp(f"uninterrupted-{stage}") / "run"
-            port = free_port()
-            result = launch.run(*deepspeed_command(zero_llrd_recipe(tiny_llama_dir, folder, stage), port),
+            port, report = free_port(), folder.parent / "report.json"
+            recipe = zero_llrd_recipe(tiny_llama_dir, folder, stage)
+            result = launch.run("deepspeed", "--num_gpus", "2", "--master_port", str(port),
+                                str(REPO / "tests" / "deepspeed_probe.py"), str(recipe), str(report), "--run",
                                 env=DEEPSPEED_ENV, timeout=900)
             assert result.returncode == 0, result.stderr[-3000:]
-            runs[stage] = folder, port, result
+            reports = [json.loads(Path(f"{report}.rank{rank}").read_text()) for rank in (0, 1)]
+            runs[stage] = folder, port, result, reports
         return runs[stage]
 
     return run
@@ -98,7 +109,7 @@ def uninterrupted_zero_run(tmp_path_factory, tiny_llama_dir):
 def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tiny_llama_dir, uninterrupted_zero_run):
     from transformers import AutoModelForCausalLM
 
-    run_dir, port, result = uninterrupted_zero_run("zero3")
+    run_dir, port, result, _ = uninterrupted_zero_run("zero3")
     # DeepSpeed's CPU all-reduce segments (64 MB of RAM per rank) are gone with the run, not left in /dev/shm
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     output = result.stdout + result.stderr
@@ -142,7 +153,7 @@ def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted
 
     from hf_tune.trainer.checkpoints import is_complete
 
-    reference_dir, _, _ = uninterrupted_zero_run(stage)
+    reference_dir, _, _, _ = uninterrupted_zero_run(stage)
     killed = zero_llrd_recipe(tiny_llama_dir, tmp_path / "killed", stage)
     proc = launch.start(*deepspeed_command(killed, free_port()), env=DEEPSPEED_ENV, stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, start_new_session=True)
@@ -176,7 +187,7 @@ def test_two_process_zero2_sigterm_to_one_rank_saves_that_step_and_resumes_to_th
     from hf_tune.errors import EXIT_PREEMPTED
     from hf_tune.trainer.checkpoints import is_complete
 
-    reference_dir, _, _ = uninterrupted_zero_run("zero2")
+    reference_dir, _, _, _ = uninterrupted_zero_run("zero2")
     run_dir = tmp_path / "stopped"
     recipe = zero_llrd_recipe(tiny_llama_dir, run_dir, "zero2")
     stopped = launch.run("deepspeed", "--no_local_rank", "--num_gpus", "2", "--master_port", str(free_port()),
@@ -239,24 +250,15 @@ def test_plan_prints_model_state_memory_per_rank_for_lora_and_full(tmp_path, tin
 
 
 @pytest.mark.slow
-def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
-    """Inside a real 2-rank ZeRO-3 run: each rank stores half of every parameter, and the optimizer DeepSpeed steps
-    holds hf_tune's layer-wise groups (LR and weight decay as the rule in test_optim computes them)."""
+def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(tiny_llama_dir, uninterrupted_zero_run):
+    """Inside a real 2-rank ZeRO-3 run (the uninterrupted one, as it ends): each rank stores half of every parameter,
+    and the optimizer DeepSpeed steps holds hf_tune's layer-wise groups (LR and weight decay as the rule in
+    inputs.expected computes them)."""
     import collections
 
     from transformers import AutoModelForCausalLM
 
-    from inputs import BASE_LR, WD, expected
-
-    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=2, deepspeed="zero3", learning_rate=BASE_LR,
-                      weight_decay=WD)
-    raw["optim"] = {"layerwise_lr_decay": 0.5}
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(raw))
-    result = launch.run(*launch.deepspeed(2, str(REPO / "tests" / "deepspeed_probe.py"), str(recipe),
-                                          str(tmp_path / "report.json")), env=DEEPSPEED_ENV, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads((tmp_path / f"report.json.rank{rank}").read_text()) for rank in (0, 1)]
+    *_, reports = uninterrupted_zero_run("zero3")
     assert [r["world_size"] for r in reports] == [2, 2] and "Stage3" in reports[0]["wrapper"]
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
@@ -272,7 +274,7 @@ def test_two_process_zero3_partitions_every_parameter_and_steps_the_llrd_groups(
 
     want = collections.Counter()
     for name, p in model.named_parameters():
-        want[expected(name, "llama", 2, 0.5)] += p.numel()
+        want[expected(name, "llama", 2, ZERO_DECAY, base_lr=ZERO_LR)] += p.numel()
     assert len(want) == 6
     for rank_report in reports:
         got = {(g["initial_lr"], g["weight_decay"]): g["numel"] for g in rank_report["groups"]}
