@@ -172,21 +172,3 @@ def test_recipes_where_the_chunked_loss_cannot_apply_are_refused_when_loaded(tin
     raw["method"] = change.get("method", "sft")
     with pytest.raises(RecipeError, match=f"model.chunked_loss.*{problem}"):
         load_recipe(raw)
-
-
-@pytest.mark.slow
-def test_two_ddp_ranks_with_the_chunked_loss_average_the_heads_gradient_into_one_model(tmp_path, tiny_llama_dir):
-    """The head's weight is read in the loss, outside the DDP-wrapped forward: its gradient must still be averaged."""
-    import yaml
-
-    from conftest import free_port
-    from runs import assert_data_parallel, run_ranks as run, small_recipe
-
-    recipe = small_recipe(tmp_path, tiny_llama_dir)
-    raw = yaml.safe_load(recipe.read_text())
-    raw["model"]["chunked_loss"] = True
-    recipe.write_text(yaml.safe_dump(raw))
-    result = run("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
-                 str(recipe))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert_data_parallel(tmp_path / "run")  # identical parameters on both ranks, the tied head included

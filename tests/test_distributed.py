@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO, chat_recipe, free_port
 import launch
@@ -19,11 +20,16 @@ BIN = Path(sys.executable).parent
 
 @pytest.mark.slow
 def test_torchrun_two_processes_train_one_model_on_different_batches(tmp_path, tiny_llama_dir):
+    """With the chunked loss on (accelerate's launch below runs without it): the head's weight is read in the loss,
+    outside the DDP-wrapped forward, and its gradient must still be averaged (tests/test_chunked_loss.py proves the
+    loss itself)."""
     recipe = small_recipe(tmp_path, tiny_llama_dir)
-    result = run_ranks("torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "tests/ddp_probe.py",
-                 str(recipe))
+    raw = yaml.safe_load(recipe.read_text())
+    raw["model"]["chunked_loss"] = True
+    recipe.write_text(yaml.safe_dump(raw))
+    result = run_ranks(*launch.torchrun(2, "tests/ddp_probe.py", str(recipe)))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_data_parallel(tmp_path / "run")
+    assert_data_parallel(tmp_path / "run")  # identical parameters on both ranks, the tied head included
 
 
 @pytest.mark.slow
