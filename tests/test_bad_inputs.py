@@ -97,6 +97,7 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "preference_missing_rejected": "data.train",
     "kto_label_not_boolean": "data.train",
     "profile_unknown_key": "profile.activ",
+    "machine_gpu_memory_zero": "machine.gpu_memory_gb",
     # issue 29: the methods wave (DPO, KTO, reward and GRPO data, rewards, quantization, search, mixtures, columns)
     "dpo_prompt_null": "data.train",
     "dpo_chosen_empty": "data.train",

@@ -47,10 +47,12 @@ class ChunkedCausalLMLoss:
     """``causal_lm_loss`` from the last hidden state and the LM head, a chunk of positions at a time with the logits
     recomputed in backward (hf_tune.model.chunked_logprobs): no ``[positions, vocabulary]`` tensor. Training forwards
     ask for hidden states and one position's logits a row (``hf_tune.model.chunked_head.hidden_state_inputs``); a
-    forward without hidden states (evaluation) gets ``causal_lm_loss`` on its logits."""
+    forward without hidden states (evaluation) gets ``causal_lm_loss`` on its logits. ``chunk_size``: positions a
+    chunk (default: ``chunked_logprobs.default_chunk_size``, a fixed number of logits a chunk)."""
 
-    def __init__(self, head: LogitHead):
+    def __init__(self, head: LogitHead, chunk_size: int | None = None):
         self.head = head
+        self.chunk_size = chunk_size
 
     def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
                  ) -> torch.Tensor:
@@ -59,6 +61,6 @@ class ChunkedCausalLMLoss:
             return causal_lm_loss(outputs, labels, num_items_in_batch)
         last = hidden_states[-1]
         targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).to(last.device)
-        total = -self.head.target_logprobs(last, targets).sum()
+        total = -self.head.target_logprobs(last, targets, self.chunk_size).sum()
         trained = int((targets != IGNORE_INDEX).sum()) if num_items_in_batch is None else 0  # Trainer gives it
         return per_item(total, trained, num_items_in_batch)

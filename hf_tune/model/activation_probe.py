@@ -13,9 +13,9 @@ The copies are small, and the figure is scaled back to the recipe's shape:
 - **depth**: copies of 1 and 2 decoder layers; every layer keeps the same bytes, so the model's figure is the
   1-layer figure plus ``layers - 1`` times the difference;
 - **width**: hidden size, MLP width, vocabulary and head dimension divided by ``k`` (heads, key-value heads and the
-  LoRA rank kept), for three values of ``k``; each kept tensor's size is a width times tokens (a term in ``1/k``),
-  a count of heads or ranks times tokens (constant), or a weight copy (``1/k**2``), so three widths fit the three
-  terms exactly and give ``k = 1``;
+  LoRA rank kept); each kept tensor's size is a width times tokens (a term in ``1/k``), a count of heads or ranks
+  times tokens (constant), or, where autocast copies float32 weights, a weight copy (``1/k**2``), so two widths (three
+  with weight copies) fit the terms exactly and give ``k = 1``;
 - **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which the narrowest
   copies run at twice the tokens separate; the figure scales linearly from the probe's pack; the pack keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens), which
   sets ``sdpa_varlen``'s padded gathers.
@@ -40,8 +40,11 @@ import warnings
 
 import torch
 
+from hf_tune.model.chunked_logprobs import default_chunk_size
+
 logger = logging.getLogger(__name__)
 
+PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies: its own transient is measured apart (_loss_transient)
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
 SHRINK_FACTORS = (32, 16, 8, 4)  # the largest k whose three values divide every width is taken
@@ -88,7 +91,7 @@ class ProbeSetup:
                 self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs))
 
 
-_FITS: dict[tuple, tuple[float, float, float, float, str]] = {}
+_FITS: dict[tuple, tuple] = {}
 
 
 def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | None = None) -> ActivationEstimate:
@@ -100,37 +103,53 @@ def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | 
     key = (*setup.key(), round(ratio, 2))
     if key not in _FITS:
         _FITS[key] = _fit(setup, ratio)
-    per_token_kept, fixed_kept, per_token_peak, fixed_peak, how = _FITS[key]
-    return ActivationEstimate(kept=round(per_token_kept * tokens + fixed_kept),
-                              peak=round(per_token_peak * tokens + fixed_peak),
+    (kept, forward_peak, peak), loss_per_row, how = _FITS[key]
+    chunk = min(tokens, default_chunk_size(setup.config.vocab_size))  # the loss's largest chunk, in positions
+    # the loss runs at the end of the forward: the forward's level (its copies ran a tiny chunk) plus a real chunk
+    peak_bytes = max(peak(tokens), forward_peak(tokens) + loss_per_row * chunk)
+    return ActivationEstimate(kept=round(kept(tokens)), peak=round(peak_bytes),
                               tokens=tokens, source="probe", detail=how, seconds=time.perf_counter() - started)
 
 
-def _fit(setup: ProbeSetup, ratio: float) -> tuple[float, float, float, float, str]:
-    """(kept bytes per token, kept bytes of no token, the same two for the peak, how) at the recipe's full depth and
-    width: each width and depth at ``PROBE_TOKENS``, and the narrowest also at twice the tokens, which separates
-    what does not grow with the tokens (buffers of a fixed size) from what does."""
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """bytes = per_token * tokens + fixed, at the full depth and width."""
+
+    per_token: float
+    fixed: float
+
+    def __call__(self, tokens: int) -> float:
+        return self.per_token * tokens + self.fixed
+
+
+def _fit(setup: ProbeSetup, ratio: float) -> tuple[tuple[Linear, Linear, Linear], float, str]:
+    """((bytes kept, the forward's peak, the peak through backward) as functions of the tokens, the chunked loss's
+    transient per position of a chunk, how), at the recipe's full depth and width: each width and depth at
+    ``PROBE_TOKENS``, and the narrowest also at twice the tokens, which separates what does not grow with the tokens
+    (buffers of a fixed size) from what does."""
     config = setup.config
     layers = config.num_hidden_layers
     factors = shrink_factors(config)
+    if not weight_copies(setup):  # no tensor of a weight's size is kept: two widths fit a + b/k exactly
+        factors = factors[:2]
     lengths = probe_lengths(PROBE_TOKENS, ratio)
-    kept, peak, fixed_kept, fixed_peak = {}, {}, {}, {}
-    for k in factors:
-        for depth in (1, 2):
-            kept[k, depth], peak[k, depth] = measure(setup, probe_config(config, depth, k), lengths)
-    for depth in (1, 2):  # fixed = 2 m(T) - m(2T), on the narrowest copies
-        doubled = measure(setup, probe_config(config, depth, factors[0]), [2 * n for n in lengths])
-        fixed_kept[depth] = 2 * kept[factors[0], depth] - doubled[0]
-        fixed_peak[depth] = 2 * peak[factors[0], depth] - doubled[1]
-    fixed_kept_full = fixed_kept[1] + (layers - 1) * (fixed_kept[2] - fixed_kept[1])
-    fixed_peak_full = fixed_peak[1] + (layers - 1) * (fixed_peak[2] - fixed_peak[1])
-    kept_full = (_extrapolate(kept, factors, layers) - fixed_kept_full) / PROBE_TOKENS
-    peak_full = (_extrapolate(peak, factors, layers) - fixed_peak_full) / PROBE_TOKENS
+    figures = {(k, depth): measure(setup, probe_config(config, depth, k), lengths) for k in factors for depth in (1, 2)}
+    doubled = {depth: measure(setup, probe_config(config, depth, factors[0]), [2 * n for n in lengths])
+               for depth in (1, 2)}
+    fits = []
+    for i in range(3):  # kept, forward peak, peak
+        fixed = {depth: 2 * figures[factors[0], depth][i] - doubled[depth][i] for depth in (1, 2)}  # 2 m(T) - m(2T)
+        fixed_full = fixed[1] + (layers - 1) * (fixed[2] - fixed[1])
+        at_full = _extrapolate({key: value[i] for key, value in figures.items()}, factors, layers)
+        fits.append(Linear((at_full - fixed_full) / PROBE_TOKENS, fixed_full))
+    # the chunked loss's chunk: the copies run a tiny one, this is the real one's, per position (up to a chunk)
+    transient = (_loss_transient_per_row(setup, probe_config(config, 1, factors[0]), factors[0])
+                 if setup.chunked_loss else 0.0)
     widths = f"1/{', 1/'.join(str(k) for k in factors)} width" if factors != (1,) else "full width"
     how = (f"measured on 1- and 2-layer copies at {widths}, {PROBE_TOKENS} and {2 * PROBE_TOKENS} tokens in "
            f"{len(lengths)} example{'s' if len(lengths) > 1 else ''}, scaled to {layers} layers, full width and the "
            "micro-batch's tokens")
-    return kept_full, fixed_kept_full, peak_full, fixed_peak_full, how
+    return tuple(fits), transient, how
 
 
 def _extrapolate(figures: dict, factors: tuple[int, ...], layers: int) -> float:
@@ -148,6 +167,12 @@ def width_fit(points: list[tuple[int, float]]) -> float:
     values = torch.tensor([value for _, value in points], dtype=torch.float64)
     coefficients = torch.linalg.solve(matrix, values)
     return float(coefficients.sum())
+
+
+def weight_copies(setup: ProbeSetup) -> bool:
+    """Whether a training step keeps copies the size of weights (``1/k**2`` under the width divisor k): autocast's
+    16-bit copies of float32 weights under mixed precision."""
+    return setup.mixed_precision and setup.dtype == torch.float32
 
 
 def shrink_factors(config) -> tuple[int, ...]:
@@ -219,8 +244,10 @@ def probe_batch(lengths: list[int], vocab_size: int, padding_free: bool) -> dict
     return {"input_ids": rows, "attention_mask": mask, "labels": rows.masked_fill(mask == 0, -100)}
 
 
-def measure(setup: ProbeSetup, config, lengths: list[int]) -> tuple[int, int]:
-    """(bytes held when the training forward returns, highest bytes held through forward and backward) of one
+def measure(setup: ProbeSetup, config, lengths: list[int], chunk_size: int | None = PROBE_CHUNK_ROWS
+            ) -> tuple[int, int, int]:
+    """(bytes held when the training forward returns, highest held through the forward, highest held through
+    forward and backward) of one
     micro-batch on a randomly initialised ``config`` model built as the run builds it, by the CPU allocator's count.
     The weights, and the gradients of trained ones (model states, counted apart), are not included."""
     from hf_tune.model.attention import NAME  # registers sdpa_varlen with transformers
@@ -238,7 +265,7 @@ def measure(setup: ProbeSetup, config, lengths: list[int]) -> tuple[int, int]:
                 warnings.simplefilter("ignore", FutureWarning)  # PEFT asks is_gradient_checkpointing
                 model = _as_trained(model, setup)
             batch = probe_batch(lengths, config.vocab_size, setup.padding_free)
-            return _allocated_through_step(model, batch, setup)
+            return _allocated_through_step(model, batch, setup, chunk_size)
     finally:
         torch.set_default_dtype(default_dtype)
         torch.set_num_threads(threads)
@@ -263,7 +290,8 @@ def _as_trained(model, setup: ProbeSetup):
     return model.train()
 
 
-def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool) -> torch.Tensor:
+def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool, chunk_size: int | None = None
+                  ) -> torch.Tensor:
     """One training forward and its loss as a training step computes them: with mixed precision accelerate runs the
     forward under autocast and casts its outputs to float32 (``convert_outputs_to_fp32``); ``Trainer.compute_loss``
     hands the labels to hf_tune's loss, and ``HfTuneMixin.compute_loss`` runs the chunked one under autocast too,
@@ -273,7 +301,7 @@ def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool) -> t
 
     inputs = dict(batch)
     labels = inputs.pop("labels")
-    loss_fn = ChunkedCausalLMLoss(chunked_loss_head(model)) if chunked else causal_lm_loss
+    loss_fn = ChunkedCausalLMLoss(chunked_loss_head(model), chunk_size) if chunked else causal_lm_loss
     if chunked:
         inputs = hidden_state_inputs(inputs)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision and chunked):
@@ -296,6 +324,30 @@ def _to_float32(value):
     return value
 
 
+def _loss_transient_per_row(setup: ProbeSetup, config, k: int) -> float:
+    """Bytes the chunked loss holds beyond what it keeps, at its peak, per position of a chunk, for the full-size
+    model: measured on one chunk of ``config``'s narrow head (``k`` times narrower, vocabulary included), whose every
+    tensor is a chunk's positions times a width, so the full-size figure is ``k`` times it."""
+    from hf_tune.model.chunked_logprobs import LogitHead
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = min(PROBE_TOKENS, default_chunk_size(config.vocab_size))  # one chunk
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        head = LogitHead(torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=setup.dtype))
+        head.linear.weight.requires_grad_(setup.lora is None)  # LoRA leaves the head frozen
+        hidden = torch.randn(rows, config.hidden_size, dtype=setup.dtype, requires_grad=True)
+        targets = torch.randint(0, config.vocab_size, (rows,))
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup.mixed_precision):
+            loss = -head.target_logprobs(hidden, targets).sum()
+    kept, peak = _allocations(forward_profile, 0)
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
+        loss.backward()
+        del loss
+    return (max(peak, _allocations(backward_profile, kept)[1]) - kept) * k / rows
+
+
 @contextlib.contextmanager
 def _quiet_profiler():
     """The profiler's native start / stop lines (kineto writes them to file descriptor 2, whatever its log level)
@@ -312,28 +364,30 @@ def _quiet_profiler():
         os.close(saved)
 
 
-def _allocated_through_step(model, batch: dict, setup: ProbeSetup) -> tuple[int, int]:
+def _allocated_through_step(model, batch: dict, setup: ProbeSetup, chunk_size: int | None
+                            ) -> tuple[int, int, int]:
     from torch.profiler import ProfilerActivity, profile
 
     for param in model.parameters():  # a trained weight's gradient is a model state: dropped once accumulated
         if param.requires_grad:
             param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
-        loss = training_loss(model, batch, setup.chunked_loss, setup.mixed_precision)
-    forward = sorted(forward_profile.events(), key=lambda event: event.time_range.start)
-    kept = sum(event.self_cpu_memory_usage for event in forward)
+        loss = training_loss(model, batch, setup.chunked_loss, setup.mixed_precision, chunk_size)
+    kept, peak = _allocations(forward_profile, 0)
     with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
         loss.backward()
         del loss
-    backward = sorted(backward_profile.events(), key=lambda event: event.time_range.start)
-    peak = max(_running_peak(forward, 0), _running_peak(backward, kept))
-    return kept, peak
+    return kept, peak, max(peak, _allocations(backward_profile, kept)[1])
 
 
-def _running_peak(events, start: int) -> int:
-    """The highest running total of the allocator's net allocations, event by event in time order."""
+def _allocations(prof, start: int) -> tuple[int, int]:
+    """(bytes held at the end, the most held at once) of a profiled region, from the allocator's own record: every
+    allocation and free is a ``[memory]`` event with its size (a free negative), read in time order from the
+    profiler's raw results (``prof.events()`` would build every operator's statistics, ten times slower)."""
+    changes = sorted((event.start_ns(), event.nbytes()) for event in prof.profiler.kineto_results.events()
+                     if event.name() == "[memory]")
     live = peak = start
-    for event in events:
-        live += event.self_cpu_memory_usage
+    for _, size in changes:
+        live += size
         peak = max(peak, live)
-    return peak
+    return live - start, peak
