@@ -4,9 +4,9 @@ What one micro-batch keeps for backward depends on details no closed formula fol
 input, PEFT's cast of the adapter input, norms computed in float32, q/k norms, the padded gathers of ``sdpa_varlen``,
 autocast's weight copies, the chunked loss. The probe runs them: it builds copies of the recipe's model class from its
 config, with the recipe's dtype, attention, LoRA (rank, dropout, targets), activation checkpointing and loss, runs one
-training forward of a flattened pack the way ``HfTuneMixin.compute_loss`` does, and asks the CPU allocator (torch's
-profiler, ``profile_memory``) how many bytes are still held when the forward returns (what backward reads) and the
-highest it held through forward and backward.
+training forward of a flattened pack the way a training step does, and reads the CPU allocator's own record (torch's
+profiler with ``profile_memory``, its raw allocation events) for the bytes still held when the forward returns
+(what backward reads) and the most held through forward and backward.
 
 The copies are small, and the figure is scaled back to the recipe's shape:
 
@@ -17,8 +17,10 @@ The copies are small, and the figure is scaled back to the recipe's shape:
   times tokens (constant), or, where autocast copies float32 weights, a weight copy (``1/k**2``), so two widths (three
   with weight copies) fit the terms exactly and give ``k = 1``;
 - **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which the narrowest
-  copies run at twice the tokens separate; the figure scales linearly from the probe's pack; the pack keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens), which
-  sets ``sdpa_varlen``'s padded gathers.
+  copies run at twice the tokens separate; the figure scales linearly from the probe's pack, which keeps the data's
+  padding ratio (a pack's examples padded to its longest, over its tokens: ``sdpa_varlen``'s padded gathers);
+- **the chunked loss**: a chunk holds a fixed number of logits whatever the width, so the copies run a tiny chunk and
+  one real chunk, measured on the narrow head, is added where the forward ends.
 
 ``tests/test_activation_probe.py`` checks the scaled figure against the bytes a real training step of the full
 shape keeps, counted with autograd's saved-tensor hooks (an instrument the probe does not use), within 10 %.
@@ -44,10 +46,10 @@ from hf_tune.model.chunked_logprobs import default_chunk_size
 
 logger = logging.getLogger(__name__)
 
-PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies: its own transient is measured apart (_loss_transient)
+PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies; a real chunk is measured apart (_loss_transient_per_row)
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
-SHRINK_FACTORS = (32, 16, 8, 4)  # the largest k whose three values divide every width is taken
+SHRINK_FACTORS = (32, 16, 8, 4)  # the largest k whose k, k/2 and k/4 divide every width is taken
 MIN_HEAD_DIM = 4  # rotary embeddings need an even head dimension; a narrower one changes nothing per token
 
 
