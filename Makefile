@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-gpu bench clean-runs
+.PHONY: setup demo test test-gpu gpu-check bench clean-runs
 
 setup: $(STAMP)
 
@@ -33,6 +33,12 @@ test: setup
 # the GPU suite (tests/gpu, marker gpu): skipped where CUDA is unavailable
 test-gpu: setup
 	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
+# on a GPU machine (set up as benchmarks/offline_gpu_machine.sh says, no network needed): does plan hold at 8B
+# (benchmarks/gpu_scale.py, about 6 minutes), then the GPU suite; copy the printed tables into benchmarks/RESULTS.md
+gpu-check:
+	mkdir -p "$${OUT:-runs}" && python3 benchmarks/gpu_scale.py --out "$${OUT:-runs}/gpu_scale.md"
+	python3 -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/sft_throughput.py $(BENCH_ARGS)

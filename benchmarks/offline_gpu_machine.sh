@@ -12,6 +12,8 @@
 #   mkdir -p .tok && cp ~/.cache/hf_tune/models/SmolLM2-135M-Instruct/{tokenizer*,chat_template.jinja,*config.json} .tok
 # On the GPU machine, in the repository, with its own torch:
 #   source benchmarks/offline_gpu_machine.sh && python3 -m pytest -m gpu tests/gpu
+# or, the plan-at-8B check first (benchmarks/gpu_scale.py, about 6 minutes) and then the suite:
+#   source benchmarks/offline_gpu_machine.sh && make gpu-check
 set -e
 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
