@@ -43,15 +43,16 @@ class RunDecisions:
         return dataclasses.asdict(self)
 
 
-def decide(recipe: Recipe, args: TrainingArguments, config=None) -> RunDecisions:
+def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: type | None = None) -> RunDecisions:
     """The run's decisions. ``config``: the model's (read from where ``from_pretrained`` finds it, or the copy
-    hf_tune ships, when not given); no weight and no tokenizer is read."""
+    hf_tune ships, when not given); ``model_class``: the class the run builds (found from the config when not given:
+    a built run passes its own, a remote-code model's included); no weight and no tokenizer is read."""
     task, method = task_of(recipe.model.task), method_of(recipe.method)
     config = config if config is not None else load_model_config(recipe)
     mixed = "bf16" if args.bf16 else "fp16" if args.fp16 else None
     attention, padding_free = recipe.model.attn_implementation, False
     if task.causal and not method.uses_trl:
-        model_class = config_model_class(recipe, config)
+        model_class = model_class or config_model_class(recipe, config)
         if attention is None:
             attention = decide_attention(recipe, model_class, config)
         padding_free = decide_padding_free(recipe, model_class, attention, config)
@@ -107,7 +108,7 @@ def ran(run) -> RunDecisions:
     recipe, args, trainer = run.recipe, run.args, run.trainer
     collator = getattr(trainer, "data_collator", None)
     base = run.model.get_base_model() if hasattr(run.model, "get_base_model") else run.model
-    decided = decide(recipe, args, base.config)
+    decided = decide(recipe, args, base.config, type(base))
     chunked = decided.chunked_loss if method_of(recipe.method).uses_trl else isinstance(
         getattr(trainer, "compute_loss_func", None), ChunkedCausalLMLoss)
     return dataclasses.replace(
