@@ -156,13 +156,13 @@ def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[d
 
 
 def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = None,
-                example_tokens: dict | None = None) -> dict:
+                tokens_per_example: dict | None = None) -> dict:
     """Model states per rank by setup (a quantized base's stored weights), activations of one micro-batch, and the
     estimated peak of the setup the recipe runs (``hf_tune.model.memory``). The activations are measured by the
     probe on the recipe's architecture (``hf_tune.model.activation_probe``) under the run's decisions
     (``hf_tune.build.decisions``), or estimated by formula where the probe cannot run it. ``longest``: tokens of a
     vision-language run's longest example (image tokens included), whose micro-batches are padded to it;
-    ``example_tokens``: the data's tokens per example (mean, max), which set sdpa_varlen's padding."""
+    ``tokens_per_example``: ``example_tokens``' figures, whose padding ratio sets sdpa_varlen's padded gathers."""
     total, trainable, largest = model_state_sizes(model)
     mixed = bool(args.bf16 or args.fp16)
     param_bytes = next(model.parameters()).element_size()
@@ -180,7 +180,7 @@ def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = N
     if task.vision_language:  # the language model's tokens: text and image tokens, padded to the longest example
         tokens = args.per_device_train_batch_size * (longest or recipe.data.max_length)
     # the estimate counts a decoder's tokens: an image model's activations (and a VLM's tower's) are not estimated
-    activations = None if not tokens else activation_estimate(recipe, decisions, base, tokens, example_tokens)
+    activations = None if not tokens else activation_estimate(recipe, decisions, base, tokens, tokens_per_example)
     setup = recipe_setup(recipe.training)
     result["decisions"] = decisions.to_dict()
     result["activations"] = {"bytes": activations.kept if activations else 0,
@@ -195,7 +195,7 @@ def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = N
 
 
 def activation_estimate(recipe: Recipe, decisions, base, tokens: int,
-                        example_tokens: dict | None = None) -> ActivationEstimate:
+                        tokens_per_example: dict | None = None) -> ActivationEstimate:
     """The probe's figure for a causal language model the probe can build; the formula's, said so, otherwise."""
     lora = None if recipe.lora is None else {k: v for k, v in recipe.lora.items()
                                              if k not in ("trainable_token_indices", "modules_to_save")}
@@ -208,7 +208,7 @@ def activation_estimate(recipe: Recipe, decisions, base, tokens: int,
             chunked_loss=decisions.chunked_loss, checkpointing=decisions.checkpointing,
             checkpointing_kwargs=decisions.checkpointing_kwargs)
         try:
-            return estimate_activations(setup, tokens, padding_ratio=(example_tokens or {}).get("padding_ratio"))
+            return estimate_activations(setup, tokens, padding_ratio=(tokens_per_example or {}).get("padding_ratio"))
         except Exception as error:  # an architecture the probe cannot build or run: the formula, said so
             logger.warning("activation probe: %s: %s; activations estimated by formula", type(error).__name__,
                            str(error)[:200])

@@ -33,18 +33,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import logging
 import math
 import os
 import sys
-import time
 import warnings
 
 import torch
 
 from hf_tune.model.chunked_logprobs import default_chunk_size
-
-logger = logging.getLogger(__name__)
 
 PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies; a real chunk is measured apart (_loss_transient_per_row)
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
@@ -64,7 +60,6 @@ class ActivationEstimate:
     tokens: int
     source: str
     detail: str
-    seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +95,6 @@ def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | 
     """The probe's figures for a micro-batch of ``tokens`` tokens. ``padding_ratio``: a flattened pack's examples,
     padded to its longest, over its tokens (``sdpa_varlen`` pads so; 1 when not given: examples of one length). The
     fit is computed once per setup and padding ratio, and scaled to ``tokens``."""
-    started = time.perf_counter()
     ratio = max(1.0, padding_ratio or 1.0) if setup.padding_free else 1.0
     key = (*setup.key(), round(ratio, 2))
     if key not in _FITS:
@@ -110,7 +104,7 @@ def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | 
     # the loss runs at the end of the forward: the forward's level (its copies ran a tiny chunk) plus a real chunk
     peak_bytes = max(peak(tokens), forward_peak(tokens) + loss_per_row * chunk)
     return ActivationEstimate(kept=round(kept(tokens)), peak=round(peak_bytes),
-                              tokens=tokens, source="probe", detail=how, seconds=time.perf_counter() - started)
+                              tokens=tokens, source="probe", detail=how)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,20 +243,22 @@ def probe_batch(lengths: list[int], vocab_size: int, padding_free: bool) -> dict
 def measure(setup: ProbeSetup, config, lengths: list[int], chunk_size: int | None = PROBE_CHUNK_ROWS
             ) -> tuple[int, int, int]:
     """(bytes held when the training forward returns, highest held through the forward, highest held through
-    forward and backward) of one
-    micro-batch on a randomly initialised ``config`` model built as the run builds it, by the CPU allocator's count.
-    The weights, and the gradients of trained ones (model states, counted apart), are not included."""
-    from hf_tune.model.attention import NAME  # registers sdpa_varlen with transformers
+    forward and backward) of one micro-batch on a randomly initialised ``config`` model built as the run builds it,
+    by the CPU allocator's count. The weights, and the gradients of trained ones (model states, counted apart), are
+    not included. A GPU's varlen kernels (flash attention) run as ``sdpa_varlen``, as the packing probe runs them."""
+    from hf_tune.model.attention import NAME, probed_attention  # importing it registers sdpa_varlen
 
-    threads, default_dtype = torch.get_num_threads(), torch.get_default_dtype()
+    default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(setup.dtype)
     try:
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             torch.manual_seed(0)
             model = setup.model_class(config)
-            attention = setup.attention if setup.attention != NAME or setup.padding_free else "sdpa"
+            attention = probed_attention(setup.attention) if setup.attention else None
+            if attention == NAME and not setup.padding_free:
+                attention = "sdpa"  # padded rows: sdpa_varlen is transformers' SDPA there
             if attention and model.config._attn_implementation != attention:
-                model.set_attn_implementation(attention if attention != "flash_attention_2" else NAME)
+                model.set_attn_implementation(attention)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # PEFT asks is_gradient_checkpointing
                 model = _as_trained(model, setup)
@@ -270,7 +266,6 @@ def measure(setup: ProbeSetup, config, lengths: list[int], chunk_size: int | Non
             return _allocated_through_step(model, batch, setup, chunk_size)
     finally:
         torch.set_default_dtype(default_dtype)
-        torch.set_num_threads(threads)
 
 
 def _as_trained(model, setup: ProbeSetup):
