@@ -7,18 +7,23 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, TrainingArguments
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, TrainingArguments)
 
 from hf_tune.build.run_build import causal_loss
 from hf_tune.data.loss import ChunkedCausalLMLoss
 from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, probe_lengths, width_fit
+from hf_tune.model.moe import moe_lora
 from hf_tune.recipe import validate_recipe
 from hf_tune.trainer.hooks import HfTuneTrainer
 
 LENGTHS = [600, 200, 224]  # one pack: padded to its longest, 1.76x its tokens (sdpa_varlen pads so)
 SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, vocab_size=4096)
-FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}  # qwen3: q/k norms
+FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),  # qwen3: q/k norms
+            # a mixture of experts: 8 fused experts, 2 a token; all-linear LoRA adapts them (PEFT's ParamWrapper)
+            "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+MOE_SHAPE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
 
 
 def saved_for_backward(trainer, model, batch, checkpointing: bool) -> int:
@@ -58,7 +63,7 @@ def saved_for_backward(trainer, model, batch, checkpointing: bool) -> int:
 def full_step_bytes(family: str, dtype, dropout: float | None, checkpointing: bool, chunked: bool,
                     tmp_path) -> tuple[int, ProbeSetup]:
     config_class, model_class = FAMILIES[family]
-    config = config_class(**SHAPE)
+    config = config_class(**SHAPE, **(MOE_SHAPE if family == "qwen3_moe" else {}))
     mixed = dtype == torch.bfloat16
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "a"}\n')
@@ -77,7 +82,7 @@ def full_step_bytes(family: str, dtype, dropout: float | None, checkpointing: bo
     if lora:
         if checkpointing:
             model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **moe_lora(model, lora)))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -101,6 +106,7 @@ def full_step_bytes(family: str, dtype, dropout: float | None, checkpointing: bo
     ("qwen3", torch.bfloat16, 0.05, False, True),
     ("qwen3", torch.float32, 0.0, True, False),
     ("llama", torch.float32, None, False, False),  # a full fine-tune
+    ("qwen3_moe", torch.bfloat16, 0.0, False, True),  # LoRA on the experts' fused tensors too
 ])
 def test_probe_agrees_with_a_full_training_step(family, dtype, dropout, checkpointing, chunked, tmp_path):
     measured, setup = full_step_bytes(family, dtype, dropout, checkpointing, chunked, tmp_path)

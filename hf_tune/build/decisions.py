@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_of
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
@@ -19,6 +20,7 @@ from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementa
 from hf_tune.model.attention_choice import flash_candidates
 from hf_tune.model.chunked_head import expects_chunked_loss
 from hf_tune.model.meta import config_model_class, load_model_config, meta_dtype
+from hf_tune.model.moe import is_moe_config
 from hf_tune.recipe.schema import Recipe
 from hf_tune.trainer.preemption import saves_on_signal
 
@@ -38,6 +40,7 @@ class RunDecisions:
     micro_batch_tokens: int  # tokens one rank's micro-batch holds at most
     resume_from_checkpoint: str
     save_on_signal: bool
+    router_aux_loss_coef: float | None = None  # a mixture of experts' load-balancing loss in SFT (None: off)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -71,7 +74,26 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
         liger=bool(recipe.training.get("use_liger_kernel")), checkpointing=checkpointing,
         checkpointing_kwargs=kwargs, micro_batch_tokens=micro_batch_tokens(recipe, args),
         resume_from_checkpoint=str(recipe.training.get("resume_from_checkpoint", "auto")),
-        save_on_signal=saves_on_signal(recipe))
+        save_on_signal=saves_on_signal(recipe), router_aux_loss_coef=router_loss_coefficient(recipe, config))
+
+
+def router_loss_coefficient(recipe: Recipe, config) -> float | None:
+    """The load-balancing loss's coefficient of an SFT run of a mixture of experts: ``model.router_aux_loss_coef``,
+    else the config's own (transformers' MoE models add it only under ``output_router_logits``, off in their
+    configs); None where there is no router loss (a dense model, a TRL method, a coefficient of 0 or none)."""
+    task, method = task_of(recipe.model.task), method_of(recipe.method)
+    applies = task.causal and not method.uses_trl and is_moe_config(config)
+    if recipe.model.router_aux_loss_coef and not applies:
+        raise RecipeError("model.router_aux_loss_coef", "is the load-balancing loss of a mixture of experts' router in "
+                          f"SFT; this run is method {recipe.method} of a model that "
+                          f"{'routes' if is_moe_config(config) else 'does not route'} tokens among experts",
+                          fix="remove model.router_aux_loss_coef")
+    if not applies:
+        return None
+    text = getattr(config, "text_config", None) or config
+    value = recipe.model.router_aux_loss_coef
+    value = getattr(text, "router_aux_loss_coef", None) if value is None else value
+    return float(value) if value else None
 
 
 def decide_attention(recipe: Recipe, model_class: type, config) -> str:
@@ -102,16 +124,17 @@ def micro_batch_tokens(recipe: Recipe, args: TrainingArguments) -> int:
 def ran(run) -> RunDecisions:
     """What a built run (``build_run``) runs, read off its objects: the attention the model loaded with, the
     collator's padding-free rows, the trainer's loss, its checkpointing and precision. ``run.json`` keeps it."""
-    from hf_tune.data.loss import ChunkedCausalLMLoss
+    from hf_tune.data.loss import is_chunked
     from hf_tune.model.attention import loaded_attn_implementation
 
     recipe, args, trainer = run.recipe, run.args, run.trainer
     collator = getattr(trainer, "data_collator", None)
     base = run.model.get_base_model() if hasattr(run.model, "get_base_model") else run.model
     decided = decide(recipe, args, base.config, type(base))
-    chunked = decided.chunked_loss if method_of(recipe.method).uses_trl else isinstance(
-        getattr(trainer, "compute_loss_func", None), ChunkedCausalLMLoss)
+    loss = getattr(trainer, "compute_loss_func", None)
+    chunked = decided.chunked_loss if method_of(recipe.method).uses_trl else is_chunked(loss)
     return dataclasses.replace(
         decided, attention=loaded_attn_implementation(run.model),
         padding_free=bool(getattr(collator, "padding_free", decided.padding_free)), chunked_loss=chunked,
+        router_aux_loss_coef=getattr(loss, "coefficient", None),
         weights_dtype=str(next(run.model.parameters()).dtype).removeprefix("torch."))

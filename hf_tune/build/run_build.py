@@ -19,7 +19,7 @@ from transformers import TrainerCallback, TrainingArguments, set_seed
 from hf_tune.trainer.checkpoints import CheckpointMarker
 from hf_tune.trainer.renamed_weights import ReloadRenamedWeights
 from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
-from hf_tune.data.loss import ChunkedCausalLMLoss
+from hf_tune.data.loss import ChunkedCausalLMLoss, RouterBalancedLoss
 from hf_tune.data.preference import load_method_data
 from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import stage_errors
@@ -44,6 +44,7 @@ from hf_tune.trainer.world_size import BatchShape
 from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
 from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.build.training_args import build_training_arguments
+from hf_tune.build.decisions import router_loss_coefficient
 
 
 def build_data(recipe: Recipe, tokenizer, args: TrainingArguments) -> TrainingData:
@@ -136,11 +137,18 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
 def causal_loss(recipe: Recipe, model):
     """The causal LM loss: its chunked form through the model's LM head, proven on the model first
     (``hf_tune.model.chunked_head``), with ``model.chunked_loss: true`` or, left unset, where that proof passes and
-    the head is frozen; else ``causal_lm_loss``."""
+    the head is frozen; else ``causal_lm_loss``. A mixture of experts adds its router's load-balancing loss
+    (``RouterBalancedLoss``; the model returns it once ``output_router_logits`` is on)."""
     if recipe.model.chunked_loss is False or model is None:
-        return causal_lm_loss
-    head = chunked_loss_head(model) if recipe.model.chunked_loss else default_chunked_loss_head(recipe, model)
-    return causal_lm_loss if head is None else ChunkedCausalLMLoss(head)
+        loss = causal_lm_loss
+    else:
+        head = chunked_loss_head(model) if recipe.model.chunked_loss else default_chunked_loss_head(recipe, model)
+        loss = causal_lm_loss if head is None else ChunkedCausalLMLoss(head)
+    coefficient = None if model is None else router_loss_coefficient(recipe, model.config)
+    if coefficient:
+        model.config.output_router_logits = True
+        return RouterBalancedLoss(loss, coefficient)
+    return loss
 
 
 def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,

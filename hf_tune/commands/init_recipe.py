@@ -18,6 +18,7 @@ from hf_tune.errors import HfTuneError
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.meta import build_meta_model
+from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.commands.plan import plan_memory
 from hf_tune.recipe import validate_recipe
@@ -32,6 +33,9 @@ PLACEHOLDER_DATA = "data/train.jsonl"  # written where --data is not given: the 
 TOKENS_PER_STEP = 131_072  # effective batch the accumulation aims at: 32 packs of 4k tokens
 MICRO_BATCH_TOKENS = (16384, 8192, 4096, 2048, 1024)
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
+# a mixture of experts: LoRA on attention and the experts' fused weights (PEFT's target_parameters, which take no
+# dropout), else on attention only with the experts frozen; the routers are never adapted
+MOE_LORA = {"experts": {**LORA, "lora_dropout": 0.0}, "attention": LORA}
 QLORA = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
          "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "bfloat16"}
 LEARNING_RATE = {"full": 1.0e-5, "lora": 2.0e-4, "qlora": 2.0e-4}
@@ -40,6 +44,7 @@ LEARNING_RATE = {"full": 1.0e-5, "lora": 2.0e-4, "qlora": 2.0e-4}
 @dataclasses.dataclass
 class Choice:
     tuning: str
+    experts: str | None  # a mixture of experts' LoRA: "experts" (adapted too) or "attention" (experts frozen)
     setup: str  # a row of hf_tune.model.memory.model_state_memory
     checkpointing: bool
     tokens: int
@@ -52,8 +57,9 @@ DEEPSPEED = {"ZeRO-2": "zero2", "ZeRO-3": "zero3"}
 
 
 def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, tokens: int, accumulation: int,
-                     data: str, max_length: int, output_dir: str) -> dict[str, Any]:
-    """The recipe of one choice, as a dict of upstream and hf_tune keys."""
+                     data: str, max_length: int, output_dir: str, lora: dict | None = None) -> dict[str, Any]:
+    """The recipe of one choice, as a dict of upstream and hf_tune keys (``lora``: the section of a LoRA choice,
+    ``LORA`` by default)."""
     training: dict[str, Any] = {
         "output_dir": output_dir, "num_train_epochs": 1, "learning_rate": LEARNING_RATE[tuning], "bf16": True,
         "per_device_train_batch_size": 1, "gradient_accumulation_steps": accumulation, "warmup_steps": 0.03,
@@ -69,7 +75,7 @@ def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, t
     if tuning == "qlora":
         recipe["model"]["quantization_config"] = dict(QLORA)
     if tuning != "full":
-        recipe["lora"] = dict(LORA)
+        recipe["lora"] = dict(lora or LORA)
     recipe["data"] = {"format": DEFAULT_FORMAT, "train": {"path": data}, "max_length": max_length,
                       "batch_tokens": tokens}
     recipe["training"] = training
@@ -85,7 +91,7 @@ def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None
     parsed = validate_recipe(recipe)
     parsed = dataclasses.replace(parsed, training=resolve_schedule(parsed.training, parsed.optim))
     # candidates differ in tuning and dtype only (a full fine-tune under DDP keeps float32 weights)
-    key = (parsed.lora is not None, bool(parsed.model.quantization_config), parsed.model.dtype)
+    key = (repr(parsed.lora), bool(parsed.model.quantization_config), parsed.model.dtype)
     if key not in models:
         models[key] = build_meta_model(parsed)
     return plan_memory(parsed, build_training_arguments(parsed), models[key], world)["peak_per_rank"]
@@ -114,26 +120,32 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     output_dir = output_dir or f"runs/{model.rsplit('/', 1)[-1].lower()}"
     budget = HEADROOM * gpu_memory_gb * 2**30
     models: dict = {}
-    size = sum(p.numel() for p in build_meta_model(validate_recipe(
+    base = build_meta_model(validate_recipe(
         {"model": {"pretrained_model_name_or_path": model}, "data": {"train": {"path": stand_in or data}}}))
-        .parameters())
+    size, moe = sum(p.numel() for p in base.parameters()), moe_shape(base)
     tunings = [tuning] if tuning != "auto" else (
         ["full", "lora", "qlora"] if size <= FULL_AUTO_MAX_PARAMS else ["lora", "qlora"])
     setups = [SETUPS[setup]] if setup != "auto" else ["no ZeRO (DDP)"] if gpus == 1 else list(SETUPS.values())
     tried = []
     for tune in tunings:
-        for setup in setups:
-            for checkpointing in (False, True):
-                for tokens in (t for t in MICRO_BATCH_TOKENS if t >= max_length):
-                    accumulation = max(1, round(TOKENS_PER_STEP / (tokens * gpus)))
-                    recipe = candidate_recipe(model, tune, setup, checkpointing, tokens, accumulation, data,
-                                              max_length, output_dir)
-                    recipe["machine"] = {"world_size": gpus, "gpu_memory_gb": gpu_memory_gb}
-                    peak = estimate(recipe, gpus, models, stand_in)
-                    tried.append(peak)
-                    if peak <= budget and (checkpointing or tokens >= 4096):
-                        return recipe, Choice(tune, setup, checkpointing, tokens, accumulation, peak,
-                                              reasons(tune, setup, checkpointing, tokens, size, tunings, gpus))
+        for experts in ("experts", "attention") if moe and tune != "full" else (None,):
+            lora = None if experts is None else {**MOE_LORA[experts], "target_modules": "all-linear"
+                                                 if experts == "experts" else attention_only_targets(base, moe)}
+            for setup in setups:
+                for checkpointing in (False, True):
+                    for tokens in (t for t in MICRO_BATCH_TOKENS if t >= max_length):
+                        accumulation = max(1, round(TOKENS_PER_STEP / (tokens * gpus)))
+                        recipe = candidate_recipe(model, tune, setup, checkpointing, tokens, accumulation, data,
+                                                  max_length, output_dir, lora)
+                        recipe["machine"] = {"world_size": gpus, "gpu_memory_gb": gpu_memory_gb}
+                        peak = estimate(recipe, gpus, models, stand_in)
+                        tried.append(peak)
+                        if peak <= budget and (checkpointing or tokens >= 4096):
+                            why = reasons(tune, setup, checkpointing, tokens, size, tunings, gpus)
+                            if moe:
+                                why = {**why, **moe_reasons(moe, experts)}
+                            return recipe, Choice(tune, experts, setup, checkpointing, tokens, accumulation, peak,
+                                                  why)
     raise HfTuneError(f"{model} ({size / 1e9:.1f}B parameters) fits no recipe on {gpus} x {gpu_memory_gb:g} GB: the "
                       f"smallest estimated peak per rank is {min(tried) / 2**30:.1f} GB\n  fix: more GPUs (--gpus), "
                       f"--tuning qlora, or a shorter --max-length")
@@ -158,6 +170,19 @@ def reasons(tuning: str, setup: str, checkpointing: bool, tokens: int, size: flo
             "tokens": f"packs of up to {tokens:,} tokens a micro-batch: the largest that fits"}
 
 
+def moe_reasons(moe: MoeShape, experts: str | None) -> dict[str, str]:
+    """The comments of a mixture of experts: its shape, and which LoRA (when one) and why."""
+    why = {"moe": f"{moe.describe()}: memory holds every expert, compute runs the active ones"}
+    if experts == "experts":
+        why["lora"] = ("LoRA on attention and on every expert's fused weights (target_parameters, from all-linear); "
+                       "lora_dropout 0: PEFT adapts fused expert tensors only without dropout; the routers stay "
+                       "frozen")
+    elif experts == "attention":
+        why["lora"] = ("LoRA on attention only, the experts and routers frozen: adapters on the experts too do not "
+                       "fit (their adapters and optimizer states grow with the expert count)")
+    return why
+
+
 def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: float) -> str:
     """The recipe as YAML, each choice with its reason in a comment."""
     def block(section: str) -> str:
@@ -169,6 +194,7 @@ def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: f
             f"({margin / (gpu_memory_gb * 2**30):.0%}) to spare (model states; activations measured by the probe on "
             f"CPU copies of the model; {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} "
             "of the GPU)",
+            *(f"# {choice.why[key]}" for key in ("moe", "lora") if key in choice.why),
             f"# {choice.why['tuning']}", f"# {choice.why['setup']}", f"# {choice.why['checkpointing']}",
             f"# {choice.why['tokens']}; accumulation {choice.accumulation} -> about "
             f"{choice.tokens * choice.accumulation * gpus:,} tokens an optimizer step",

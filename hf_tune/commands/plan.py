@@ -19,6 +19,7 @@ from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, mode
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_tokenizer
 from hf_tune.model.activation_probe import ActivationEstimate, ProbeSetup, estimate_activations
+from hf_tune.model.moe import moe_shape
 from hf_tune.model.meta import build_meta_model
 from hf_tune.model.quantization import describe
 from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
@@ -62,6 +63,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     infos = recipe_param_infos(model, recipe.optim, args.learning_rate, args.weight_decay)
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     tokens = None if examples is None else example_tokens(data.train, processor, recipe)
+    moe = moe_shape(model)
     result = {
         "method": method.name,
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
@@ -76,6 +78,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
         "groups": group_summary(infos),
         "trainable_params": sum(info.numel for info in infos),
+        "moe": moe.describe() if moe else None,
         **plan_memory(recipe, args, model, world, longest_example(data, recipe), tokens),
         "machine": recipe.machine.model_dump(exclude_none=True) if recipe.machine else None,
         "lr_schedule_png": None,
@@ -285,7 +288,8 @@ def format_plan(result: dict) -> str:
              f"steps per epoch: {per_epoch or '-'}   total steps: {total}   "
              f"warmup steps: {result['warmup_steps'] if result['warmup_steps'] is not None else '-'}   "
              f"schedule: {result['lr_scheduler_type']}",
-             f"trainable parameters: {result['trainable_params']:,}", "",
+             f"trainable parameters: {result['trainable_params']:,}",
+             *([result["moe"]] if result.get("moe") else []), "",
              f"{'depth':>5} {'decay':>5} {'tensors':>7} {'params':>12} {'peak lr':>11} {'wd':>6}"]
     for row in result["groups"]:
         lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
@@ -313,14 +317,21 @@ def format_plan(result: dict) -> str:
         lines.append(f"  decided: attention {decided['attention'] or 'transformers default'}, padding-free "
                      f"{'on' if decided['padding_free'] else 'off'}, chunked loss {'on' if decided['chunked_loss'] else 'off'}"
                      f", weights {decided['weights_dtype']}, mixed precision {decided['mixed_precision'] or 'off'}"
-                     + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else ""))
+                     + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else "")
+                     + (f", router load-balancing loss x {decided['router_aux_loss_coef']:g}"
+                        if decided.get("router_aux_loss_coef") else ""))
     lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
                  f"(model states + activations at their peak + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
     machine = result.get("machine")
     if machine and machine.get("gpu_memory_gb"):
         budget = machine["gpu_memory_gb"]
-        verdict = "fits" if result["peak_per_rank"] <= budget * 2**30 else "does NOT fit"
-        lines.append(f"  {verdict} the {budget:g} GB GPU the recipe was written for (machine.gpu_memory_gb)")
+        fits = result["peak_per_rank"] <= budget * 2**30
+        lines.append(f"  {'fits' if fits else 'does NOT fit'} the {budget:g} GB GPU the recipe was written for "
+                     "(machine.gpu_memory_gb)")
+        if not fits:
+            lines.append("  fix: `hf-tune init MODEL --gpus N --gpu-memory GB` writes the fastest recipe that fits "
+                         "(ZeRO, activation checkpointing, smaller packs, QLoRA, or LoRA on attention only for a "
+                         "mixture of experts)")
     png = result["lr_schedule_png"]
     lines.append(f"\nLR schedule plot: {png}" if png else "\nLR schedule plot: none (the step count is not known)")
     return "\n".join(lines)

@@ -64,3 +64,45 @@ class ChunkedCausalLMLoss:
         total = -self.head.target_logprobs(last, targets, self.chunk_size).sum()
         trained = int((targets != IGNORE_INDEX).sum()) if num_items_in_batch is None else 0  # Trainer gives it
         return per_item(total, trained, num_items_in_batch)
+
+
+class RouterBalancedLoss:
+    """A causal LM loss plus a mixture of experts' load-balancing loss (the model's ``aux_loss``, from its router
+    logits: ``output_router_logits``) times ``coefficient``, in training forwards; evaluation's loss stays the
+    cross-entropy. Each micro-batch's term is weighted by its share of the accumulated batch's trained tokens (the
+    weight the cross-entropy gives its tokens), so an optimizer step adds ``coefficient`` times the token-weighted mean
+    of its micro-batches' router losses, whatever the accumulation. The router loss of each training micro-batch is
+    kept for the log (``pop_logs``: its mean since the last log, ``router_aux_loss``)."""
+
+    def __init__(self, inner, coefficient: float):
+        self.inner, self.coefficient = inner, coefficient
+        self._sum, self._count = 0.0, 0
+
+    @property
+    def chunked(self) -> bool:
+        return isinstance(self.inner, ChunkedCausalLMLoss)
+
+    def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+                 ) -> torch.Tensor:
+        loss = self.inner(outputs, labels, num_items_in_batch)
+        aux = outputs.get("aux_loss")
+        if aux is None or not torch.is_grad_enabled():
+            return loss
+        aux = aux.to(loss.device)
+        self._sum, self._count = self._sum + aux.detach(), self._count + 1
+        weight = 1.0 if num_items_in_batch is None else next_token_trained(labels).sum().to(loss.device) / (
+            num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+        return loss + self.coefficient * aux * weight
+
+    def pop_logs(self) -> dict[str, float]:
+        """``router_aux_loss``: the mean router loss of the training micro-batches since the last call (this rank's)."""
+        if not self._count:
+            return {}
+        mean = float(self._sum) / self._count
+        self._sum, self._count = 0.0, 0
+        return {"router_aux_loss": mean}
+
+
+def is_chunked(loss_func) -> bool:
+    """Whether a trainer's loss is the chunked one (alone or under the router's term)."""
+    return isinstance(loss_func, ChunkedCausalLMLoss) or bool(getattr(loss_func, "chunked", False))

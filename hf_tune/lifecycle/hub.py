@@ -117,7 +117,9 @@ def _shard_plan(run_dir: Path, task: Task, vocab_size: int | None):
             raise CannotStream(f"model.gguf_file {model['gguf_file']}: the base is a GGUF file, not safetensors")
         deltas = read_lora_deltas(run_dir)
         folder = base_checkpoint_folder(base, revision, model.get("subfolder"), model.get("cache_dir"))
-        return plan_shard_merge(folder, deltas, task.model_class, bool(model.get("trust_remote_code")), vocab_size)
+        adapter_config = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
+        return plan_shard_merge(folder, deltas, task.model_class, bool(model.get("trust_remote_code")), vocab_size,
+                                adapter_config)
     except CannotStream as reason:
         logger.warning("Merging through PEFT, which loads base + adapter whole in float32: %s", reason)
         return None

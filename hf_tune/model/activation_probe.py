@@ -14,11 +14,13 @@ The copies are small, and the figure is scaled back to the recipe's shape:
   1-layer figure plus ``layers - 1`` times the difference;
 - **width**: hidden size, MLP width, vocabulary and head dimension divided by ``k`` (heads, key-value heads and the
   LoRA rank kept); each kept tensor's size is a width times tokens (a term in ``1/k``), a count of heads or ranks
-  times tokens (constant), or, where autocast copies float32 weights, a weight copy (``1/k**2``), so two widths (three
-  with weight copies) fit the terms exactly and give ``k = 1``;
-- **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which the narrowest
-  copies run at twice the tokens separate; the figure scales linearly from the probe's pack, which keeps the data's
-  padding ratio (a pack's examples padded to its longest, over its tokens: ``sdpa_varlen``'s padded gathers);
+  times tokens (constant), or the size of a weight (``1/k**2``: autocast's copies of float32 weights, the LM head's
+  in the chunked loss, a mixture of experts' fused expert tensors plus LoRA's delta), so three widths fit the terms
+  exactly and give ``k = 1``;
+- **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which every copy run at
+  twice the tokens separates (and scales in width like the rest); the figure scales linearly from the probe's pack,
+  which keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens: ``sdpa_varlen``'s
+  padded gathers);
 - **the chunked loss**: a chunk holds a fixed number of logits whatever the width, so the copies run a tiny chunk and
   one real chunk, measured on the narrow head, is added where the forward ends.
 
@@ -45,6 +47,8 @@ from hf_tune.model.chunked_logprobs import default_chunk_size
 PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies; a real chunk is measured apart (_loss_transient_per_row)
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
+# widths only some configs have (a mixture of experts' expert and shared-expert MLPs), divided by k where present
+OPTIONAL_WIDTH_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size")
 SHRINK_FACTORS = (32, 16, 8, 4)  # the largest k whose k, k/2 and k/4 divide every width is taken
 MIN_HEAD_DIM = 4  # rotary embeddings need an even head dimension; a narrower one changes nothing per token
 
@@ -122,20 +126,21 @@ def _fit(setup: ProbeSetup, ratio: float) -> tuple[tuple[Linear, Linear, Linear]
     """((bytes kept, the forward's peak, the peak through backward) as functions of the tokens, the chunked loss's
     transient per position of a chunk, how), at the recipe's full depth and width: each width and depth at
     ``PROBE_TOKENS``, and the narrowest also at twice the tokens, which separates what does not grow with the tokens
-    (buffers of a fixed size) from what does."""
+    (buffers of a fixed size) from what does, at every width (three widths fit ``a + b/k + c/k**2``: tensors of a
+    width times the tokens, of a count of heads times the tokens, and of a weight's size)."""
     config = setup.config
     layers = config.num_hidden_layers
     factors = shrink_factors(config)
-    if not weight_copies(setup):  # no tensor of a weight's size is kept: two widths fit a + b/k exactly
-        factors = factors[:2]
     lengths = probe_lengths(PROBE_TOKENS, ratio)
     figures = {(k, depth): measure(setup, probe_config(config, depth, k), lengths) for k in factors for depth in (1, 2)}
-    doubled = {depth: measure(setup, probe_config(config, depth, factors[0]), [2 * n for n in lengths])
-               for depth in (1, 2)}
+    doubled = {(k, depth): measure(setup, probe_config(config, depth, k), [2 * n for n in lengths])
+               for k in factors for depth in (1, 2)}
     fits = []
     for i in range(3):  # kept, forward peak, peak
-        fixed = {depth: 2 * figures[factors[0], depth][i] - doubled[depth][i] for depth in (1, 2)}  # 2 m(T) - m(2T)
-        fixed_full = fixed[1] + (layers - 1) * (fixed[2] - fixed[1])
+        # what does not grow with the tokens, 2 m(T) - m(2T), at each width and depth, scaled like the rest: a
+        # buffer the size of a weight (the LM head's, a fused expert tensor's) grows with the width squared
+        fixed = {key: 2 * figures[key][i] - doubled[key][i] for key in figures}
+        fixed_full = _extrapolate(fixed, factors, layers)
         at_full = _extrapolate({key: value[i] for key, value in figures.items()}, factors, layers)
         fits.append(Linear((at_full - fixed_full) / PROBE_TOKENS, fixed_full))
     # the chunked loss's chunk: the copies run a tiny one, this is the real one's, per position (up to a chunk)
@@ -165,12 +170,6 @@ def width_fit(points: list[tuple[int, float]]) -> float:
     return float(coefficients.sum())
 
 
-def weight_copies(setup: ProbeSetup) -> bool:
-    """Whether a training step keeps copies the size of weights (``1/k**2`` under the width divisor k): autocast's
-    16-bit copies of float32 weights under mixed precision."""
-    return setup.mixed_precision and setup.dtype == torch.float32
-
-
 def shrink_factors(config) -> tuple[int, ...]:
     """Three width divisors ``k, k/2, k/4`` for the largest ``k`` that divides every width of ``config`` (and leaves
     an even head dimension of at least ``MIN_HEAD_DIM``), or ``(1,)``: the probe then runs the full width."""
@@ -180,10 +179,14 @@ def shrink_factors(config) -> tuple[int, ...]:
     for k in SHRINK_FACTORS:
         if k < 4:
             break
-        dims = [getattr(config, key) for key in WIDTH_KEYS] + [head_dim]
+        dims = [getattr(config, key) for key in WIDTH_KEYS] + [head_dim] + _optional_widths(config)
         if all(dim % k == 0 for dim in dims) and head_dim // k >= MIN_HEAD_DIM and (head_dim // k) % 2 == 0:
             return (k, k // 2, k // 4)
     return (1,)
+
+
+def _optional_widths(config) -> list[int]:
+    return [getattr(config, key) for key in OPTIONAL_WIDTH_KEYS if isinstance(getattr(config, key, None), int)]
 
 
 def _head_dim(config) -> int:
@@ -196,8 +199,9 @@ def probe_config(config, layers: int, k: int):
     small = copy.deepcopy(config)
     if k > 1:
         small.head_dim = _head_dim(config) // k  # explicit: the heads keep their number, each narrower
-        for key in WIDTH_KEYS:
-            setattr(small, key, getattr(config, key) // k)
+        for key in WIDTH_KEYS + OPTIONAL_WIDTH_KEYS:
+            if isinstance(getattr(config, key, None), int):
+                setattr(small, key, getattr(config, key) // k)
         for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
             ids = getattr(small, key, None)
             if isinstance(ids, int) and ids >= small.vocab_size or isinstance(ids, list):
@@ -274,11 +278,12 @@ def _as_trained(model, setup: ProbeSetup):
     from peft import LoraConfig, get_peft_model
 
     from hf_tune.model.dropout import use_fast_lora_dropout
+    from hf_tune.model.moe import moe_lora
 
     if setup.lora is not None:
         if setup.checkpointing:
             model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **setup.lora))
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **moe_lora(model, setup.lora)))
         if setup.fast_lora_dropout:
             use_fast_lora_dropout(model)
     if setup.checkpointing:

@@ -15,7 +15,8 @@ from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_
 from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
                                       trainable_token_indices)
 from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
-from hf_tune.model.vision import freeze_vision_tower, freezes_vision, lora_section
+from hf_tune.model.moe import moe_lora
+from hf_tune.model.vision import freeze_vision_tower, freezes_vision, vision_lora_exclusions
 from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
@@ -112,6 +113,12 @@ def _lora_trains_embeddings(lora: dict) -> bool:
     """The lora section already says how embeddings train (trainable_token_indices, or embeddings saved whole)."""
     return bool(lora.get("trainable_token_indices")) or any(
         "embed" in name or name in ("wte", "lm_head") for name in lora.get("modules_to_save") or [])
+
+
+def lora_section(model, recipe: Recipe) -> dict:
+    """The recipe's ``lora`` section as PEFT gets it: the vision tower kept out unless ``model.train_vision_tower``
+    (``hf_tune.model.vision``), and a mixture of experts' targets resolved (``hf_tune.model.moe``)."""
+    return moe_lora(model, vision_lora_exclusions(model, recipe, recipe.lora or {}))
 
 
 def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):

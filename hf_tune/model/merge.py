@@ -5,6 +5,7 @@ shard becomes one shard of the merged model. Peak memory is about one shard plus
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from hf_tune.model.merge_experts import CannotStreamExperts, ExpertTarget, checkpoint_sources, expert_delta, expert_targets
 from hf_tune.runtime.network import hub_is_reachable
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,7 @@ ADAPTER_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the transforme
 FACTOR_SUFFIXES = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_embedding_A": "A", "lora_embedding_B": "B"}
 # adapter_config.json keys of LoRA variants whose merge is not W + scale * B @ A, or that train more than A and B
 VARIANT_KEYS = ("use_dora", "lora_bias", "trainable_token_indices", "modules_to_save", "layer_replication",
-                "target_parameters", "alora_invocation_tokens", "use_qalora", "alpha_pattern", "megatron_config",
+                "alora_invocation_tokens", "use_qalora", "alpha_pattern", "megatron_config",
                 "use_bdlora", "arrow_config", "kasa_config", "velora_config", "monteclora_config",
                 "ensure_weight_tying")
 PLAIN_INITS = (True, False, "gaussian")  # pissa, olora, corda, eva, loftq, lora_ga may rewrite the base weights
@@ -63,6 +65,18 @@ class ShardMerge:
     untie: tuple[str, str] | None = None  # (input embedding, output embedding) weights written apart
     config: object = None  # the base's PretrainedConfig
     present: set[str] = field(default_factory=set)  # every tensor name of the base's checkpoint
+    # a mixture of experts' fused tensors LoRA adapts (target_parameters): {parameter: (its factors, its layout)}, and
+    # the checkpoint's per-expert tensors that make one up: {tensor: (parameter, expert, first row, last row + 1)}
+    experts: dict[str, tuple[LoraDelta, ExpertTarget]] = field(default_factory=dict)
+    expert_sources: dict[str, tuple[str, int, int, int]] = field(default_factory=dict)
+    _fused: dict[str, torch.Tensor] = field(default_factory=dict)  # the last fused delta computed (one at a time)
+
+    def fused_delta(self, parameter: str) -> torch.Tensor:
+        if parameter not in self._fused:
+            delta, target = self.experts[parameter]
+            self._fused.clear()
+            self._fused[parameter] = expert_delta(delta.a, delta.b, delta.scale, target)
+        return self._fused[parameter]
 
 
 def read_lora_deltas(adapter_dir: Path) -> dict[str, LoraDelta]:
@@ -121,9 +135,11 @@ def base_checkpoint_folder(name: str, revision: str | None = None, subfolder: st
 
 
 def plan_shard_merge(folder: Path, deltas: dict[str, LoraDelta], model_class: type, trust_remote_code: bool = False,
-                     vocab_size: int | None = None) -> ShardMerge:
+                     vocab_size: int | None = None, adapter_config: dict | None = None) -> ShardMerge:
     """Check, from the shards' headers and the model's skeleton on the meta device, that every delta lands on a
-    weight of the base's checkpoint with its shape; tied embeddings that the adapter changes are written apart."""
+    weight of the base's checkpoint with its shape; tied embeddings that the adapter changes are written apart. A
+    mixture of experts' fused tensors (``adapter_config``'s ``target_parameters``) are placed by
+    ``hf_tune.model.merge_experts``."""
     from safetensors import safe_open
     from transformers import AutoConfig
     from transformers.pytorch_utils import Conv1D
@@ -144,7 +160,10 @@ def plan_shard_merge(folder: Path, deltas: dict[str, LoraDelta], model_class: ty
     tied = outputs is not None and inputs is not None and outputs.weight is inputs.weight
     embeddings = (f"{names[id(inputs)]}.weight", f"{names[id(outputs)]}.weight") if tied else None
     plan = ShardMerge(folder, shards, {}, set(), config=config, present=set(shapes))
+    experts = _expert_deltas(deltas, model_class, config, adapter_config, trust_remote_code)
     for module, delta in deltas.items():
+        if module in experts:
+            continue
         if module not in modules:
             raise CannotStream(f"the adapter's module {module} is not in {type(skeleton).__name__}")
         weight = f"{module}.weight"
@@ -159,6 +178,7 @@ def plan_shard_merge(folder: Path, deltas: dict[str, LoraDelta], model_class: ty
         plan.deltas[weight] = delta
         if transposed:
             plan.transposed.add(weight)
+    _place_experts(plan, experts, shapes)
     if tied and (embeddings[0] in plan.deltas or embeddings[1] in plan.deltas):
         plan.untie = embeddings  # base + adapter reads the input and the output embeddings apart
     if vocab_size and inputs is not None:
@@ -166,6 +186,45 @@ def plan_shard_merge(folder: Path, deltas: dict[str, LoraDelta], model_class: ty
         if rows < vocab_size:
             raise CannotStream(f"the run's tokenizer has {vocab_size} tokens, the base's embeddings {rows} rows")
     return plan
+
+
+def _expert_deltas(deltas: dict[str, LoraDelta], model_class: type, config, adapter_config: dict | None,
+                   trust_remote_code: bool) -> dict[str, tuple[LoraDelta, ExpertTarget]]:
+    """{the adapter's module: (its factors with the scale of its rank, the fused tensor it adapts)} for the adapter's
+    ``target_parameters`` (none without them)."""
+    if not (adapter_config or {}).get("target_parameters"):
+        return {}
+    with torch.device("meta"):
+        skeleton = model_class.from_config(config, trust_remote_code=trust_remote_code)
+    try:
+        targets = expert_targets(skeleton, adapter_config)
+    except Exception as err:  # PEFT cannot apply the adapter's config to the skeleton: PEFT's merge will say why
+        raise CannotStream(f"adapter_config.json: target_parameters: {type(err).__name__}: {err}") from err
+    found = {}
+    for module, delta in deltas.items():
+        if module in targets:
+            target = targets[module]
+            rank = delta.a.shape[0] // target.shape[0]  # A holds each expert's rank rows
+            alpha = adapter_config.get("lora_alpha", 8)
+            scale = alpha / math.sqrt(rank) if adapter_config.get("use_rslora") else alpha / rank
+            found[module] = (dataclasses.replace(delta, scale=scale), target)
+    return found
+
+
+def _place_experts(plan: ShardMerge, experts: dict[str, tuple[LoraDelta, ExpertTarget]], shapes: dict) -> None:
+    """Where each adapted fused tensor lives in the checkpoint: as it is, or one tensor per expert and projection."""
+    for delta, target in experts.values():
+        plan.experts[target.parameter] = (delta, target)
+        if target.parameter in shapes and shapes[target.parameter] != list(target.shape):
+            raise CannotStream(f"{target.parameter}: the adapter's delta does not fit its shape {shapes[target.parameter]}")
+    try:
+        plan.expert_sources = checkpoint_sources(set(shapes), shapes, plan.config.model_type, set(plan.experts))
+    except CannotStreamExperts as err:
+        raise CannotStream(str(err)) from err
+    for key, (parameter, _, first, last) in plan.expert_sources.items():
+        fused = plan.experts[parameter][1].shape
+        if shapes[key] != [last - first, *fused[2:]]:
+            raise CannotStream(f"{key}: its shape {shapes[key]} is not a slice of {parameter} {list(fused)}")
 
 
 def write_merged_shards(plan: ShardMerge, out: Path, dtype: str) -> dict:
@@ -197,7 +256,8 @@ def write_merged_shards(plan: ShardMerge, out: Path, dtype: str) -> dict:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     _write_configs(plan, out, dtype)
-    return {"shards": count, "bytes": total, "merged_tensors": len(plan.deltas), "untied_embeddings": bool(plan.untie)}
+    return {"shards": count, "bytes": total, "merged_tensors": len(plan.deltas) + len(plan.experts),
+            "untied_embeddings": bool(plan.untie)}
 
 
 def _write_safetensors(path: Path, entries: list[tuple], tensor_of) -> int:
@@ -222,6 +282,11 @@ def _write_safetensors(path: Path, entries: list[tuple], tensor_of) -> int:
 
 
 def _merged(tensor: torch.Tensor, plan: ShardMerge, key: str, target: torch.dtype) -> torch.Tensor:
+    if key in plan.expert_sources:  # one expert's projection, a slice of a fused tensor's delta
+        parameter, expert, first, last = plan.expert_sources[key]
+        return (tensor.float() + plan.fused_delta(parameter)[expert, first:last]).to(target)
+    if key in plan.experts:
+        return (tensor.float() + plan.fused_delta(key)).to(target)
     delta = plan.deltas.get(key)
     if delta is None:
         return tensor.to(target) if tensor.dtype in CAST else tensor

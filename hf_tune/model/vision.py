@@ -37,10 +37,10 @@ def freeze_vision_tower(model) -> int:
     return frozen
 
 
-def lora_section(model, recipe: Recipe) -> dict:
-    """The recipe's ``lora`` section, with the vision modules in ``exclude_modules`` when the tower stays frozen
-    (a section that names its own ``exclude_modules`` is kept as written)."""
-    lora = dict(recipe.lora or {})
+def vision_lora_exclusions(model, recipe: Recipe, lora: dict) -> dict:
+    """The ``lora`` section with the vision modules in ``exclude_modules`` when the tower stays frozen (a section that
+    names its own ``exclude_modules`` is kept as written)."""
+    lora = dict(lora)
     names = vision_modules(model)
     if freezes_vision(recipe) and names and "exclude_modules" not in lora:
         lora["exclude_modules"] = rf"(?:{'|'.join(re.escape(n) for n in names)})(?:\..*)?"

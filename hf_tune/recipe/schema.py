@@ -82,6 +82,10 @@ class ModelSection(_Section):
         default=None, description="transformers.BitsAndBytesConfig arguments, verbatim: load_in_4bit (bnb_4bit_quant_type "
                                   "nf4 | fp4, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype) or load_in_8bit; needs "
                                   "a lora section (QLoRA; hf_tune.model.quantization)")
+    router_aux_loss_coef: float | None = Field(
+        default=None, ge=0, description="a mixture of experts (SFT): the router's load-balancing loss coefficient "
+                                        "(the config's key); default: the config's own, 0 turns the loss off "
+                                        "(hf_tune.data.loss.RouterBalancedLoss; logged as router_aux_loss)")
     device_map: str | dict[str, int | str] | None = Field(
         default=None, description="from_pretrained's: auto | cpu | cuda:0 | {module: device}")
     cache_dir: str | None = Field(default=None, description="from_pretrained's: the Hub cache folder to use")

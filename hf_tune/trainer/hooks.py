@@ -13,7 +13,7 @@ from accelerate.data_loader import IterableDatasetShard
 from transformers import Trainer
 from typing_extensions import override
 
-from hf_tune.data.loss import ChunkedCausalLMLoss
+from hf_tune.data.loss import is_chunked
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
 from hf_tune.evaluation.downstream import DownstreamScores
@@ -105,7 +105,7 @@ class HfTuneMixin:
             # Trainer's evaluation asks Liger's forward (training.use_liger_kernel) for its own loss and no logits;
             # hf_tune's loss takes the labels from the model's inputs and reads the logits or hidden states itself
             inputs = {key: value for key, value in inputs.items() if key != "skip_logits"}
-        if model.training and isinstance(self.compute_loss_func, ChunkedCausalLMLoss) and "labels" in inputs:
+        if model.training and is_chunked(self.compute_loss_func) and "labels" in inputs:
             # model.chunked_loss: hidden states and no full logits from the forward; the head runs in the loss, under
             # the forward's autocast (accelerate's public context) as the model's own lm_head would
             with self.accelerator.autocast():
@@ -141,6 +141,8 @@ class HfTuneMixin:
         throughput = self.throughput
         if throughput is not None and ("loss" in logs or "train_runtime" in logs):  # a training log, or the end
             logs.update(throughput.metrics(self.accelerator, final="train_runtime" in logs))
+        if "loss" in logs and hasattr(self.compute_loss_func, "pop_logs"):  # a mixture of experts' router loss
+            logs.update(self.compute_loss_func.pop_logs())
         if "eval_loss" in logs and self.perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)

@@ -24,6 +24,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from hf_tune.data.loss import next_token_trained
+from hf_tune.model.moe import moe_shape
 from hf_tune.trainer.peak_flops import measured_peak_flops, theoretical_peak_flops
 
 
@@ -31,7 +32,8 @@ from hf_tune.trainer.peak_flops import measured_peak_flops, theoretical_peak_flo
 class ModelFlops:
     """What a model costs per token, read from its modules (so LoRA, tied heads and odd shapes count as they are)."""
 
-    linear_params: int       # weights of the linear layers every token goes through (LM head and adapters excluded)
+    linear_params: int       # weights every token goes through (linear layers; a mixture of experts: its routers
+                             # and the experts a token is sent to, k of E); LM head and adapters excluded
     adapter_params: int      # LoRA A and B weights
     head_params: int         # LM head weights, applied at each projected position
     attention_width: int     # layers x heads x head_dim: the width of QK^T and PV
@@ -69,6 +71,11 @@ def model_flops(model: nn.Module, causal: bool) -> ModelFlops:
         else:
             linear += weights
             base_trains |= module.weight.requires_grad
+    moe = moe_shape(base)
+    if moe is not None:  # fused expert tensors and routers are parameters, not linear layers: a token runs k experts
+        linear += moe.active_routed_parameters + moe.router_parameters
+        base_trains |= any(p.requires_grad for name, p in base.named_parameters()
+                           if ".experts." in name and "lora_" not in name)
     config = base.config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
