@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import chat_recipe
+from conftest import DATA, chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.errors import RecipeError
 
@@ -55,7 +55,8 @@ def by_hand(config) -> tuple[int, int]:
     """(total, active) parameters of a tiny model from its config: embeddings and head, attention, norms, routers and
     experts, as the modeling files of the three families lay them out."""
     d, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    heads, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    hd = getattr(config, "head_dim", None) or d // heads
     experts, k = getattr(config, "num_experts", None) or config.num_local_experts, config.num_experts_per_tok
     gpt_oss = config.model_type == "gpt_oss"
     inner = config.moe_intermediate_size if config.model_type == "qwen3_moe" else config.intermediate_size
@@ -102,6 +103,49 @@ def test_all_linear_lora_adapts_attention_and_the_experts_never_the_router(famil
         assert not any(".gate" in name or "router" in name for name in adapted), adapted
     config = model.peft_config["default"]
     assert set(config.target_parameters) == {"experts.gate_up_proj", "experts.down_proj"}
+
+
+PUBLISHED = {  # the authors' figures, in billions: total, and active per token (their counting, see below)
+    "Qwen/Qwen3-30B-A3B": (30.5, 3.3), "mistralai/Mixtral-8x7B-Instruct-v0.1": (46.7, 12.9),
+    "openai/gpt-oss-20b": (20.9, 3.6)}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_plan_counts_the_published_models_by_hand(name, offline):
+    """The shipped config.json of each family, sized on the meta device as plan does: the counts by hand, and the
+    published totals. Active parameters here include the input embedding (a token reads its row); OpenAI's 3.6B for
+    gpt-oss-20b leaves it out, so its row is compared without it."""
+    from hf_tune.model.meta import build_meta_model
+    from hf_tune.model.moe import moe_shape
+    from hf_tune.recipe import validate_recipe
+
+    recipe = validate_recipe({"model": {"pretrained_model_name_or_path": name},
+                              "data": {"train": {"path": str(DATA / "chat_demo.jsonl")}}})
+    model = build_meta_model(recipe)
+    shape = moe_shape(model)
+    total, active = by_hand(model.config)
+    assert (shape.total_parameters, shape.active_parameters) == (total, active)
+    published_total, published_active = PUBLISHED[name]
+    embedding = model.config.vocab_size * model.config.hidden_size if "gpt-oss" in name else 0
+    assert round(total / 1e9, 1) == published_total
+    assert abs((active - embedding) / 1e9 - published_active) < 0.06  # published to one decimal (Qwen: 3.35 as 3.3)
+
+
+def test_init_adapts_the_experts_where_they_fit_and_attention_only_where_they_do_not(offline, tmp_path):
+    """Qwen3-30B-A3B on one 75 GB GPU: LoRA on the 128 experts' fused tensors does not fit (their adapters and AdamW
+    states), LoRA on attention does, with its dropout; the recipe says why."""
+    from hf_tune.commands.init_recipe import write_recipe
+
+    out = tmp_path / "r.yaml"
+    choice = write_recipe("Qwen/Qwen3-30B-A3B", out, gpus=1, gpu_memory_gb=75,
+                          data=str(DATA / "chat_demo.jsonl"))
+    written = yaml.safe_load(out.read_text())
+    assert choice.experts == "attention"
+    assert written["lora"]["target_modules"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    assert written["lora"]["lora_dropout"] == 0.05 and "target_parameters" not in written["lora"]
+    text = out.read_text()
+    assert "LoRA on attention only, the experts and routers frozen: adapters on the experts too do not fit" in text
+    assert "128 experts, 8 per token, in 48 layers; 30.53B parameters held, 3.35B active per token" in text
 
 
 def test_experts_adapted_with_dropout_is_refused_with_both_ways_out(moe_dirs, tmp_path):

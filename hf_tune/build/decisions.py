@@ -101,6 +101,8 @@ def decide_attention(recipe: Recipe, model_class: type, config) -> str:
     it exact (flash attention instead on a GPU where installed, in half precision), else transformers' sdpa."""
     import torch
 
+    if not getattr(model_class, "_supports_sdpa", True):  # gpt-oss (its attention sinks): transformers' eager
+        return "eager"
     if default_attn_implementation(True, model_class, config) != SDPA_VARLEN:
         return "sdpa"
     on_gpu = torch.cuda.is_available() and not recipe.training.get("use_cpu")

@@ -17,6 +17,7 @@ import yaml
 from hf_tune.errors import HfTuneError
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
+from hf_tune.model.loading import stored_in_mxfp4
 from hf_tune.model.meta import build_meta_model
 from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
@@ -51,6 +52,7 @@ class Choice:
     accumulation: int
     peak: float
     why: dict[str, str]
+    activations: str = "probe"  # how the activations were estimated: "probe" (measured) or "formula"
 
 
 DEEPSPEED = {"ZeRO-2": "zero2", "ZeRO-3": "zero3"}
@@ -83,7 +85,7 @@ def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, t
     return recipe
 
 
-def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None) -> float:
+def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None) -> tuple[float, str]:
     """The estimated peak per rank of a candidate recipe: ``hf-tune plan``'s own numbers (``plan.plan_memory``).
     ``stand_in``: a data file validated in place of the recipe's, which does not exist yet (no data is read)."""
     if stand_in:
@@ -94,7 +96,8 @@ def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None
     key = (repr(parsed.lora), bool(parsed.model.quantization_config), parsed.model.dtype)
     if key not in models:
         models[key] = build_meta_model(parsed)
-    return plan_memory(parsed, build_training_arguments(parsed), models[key], world)["peak_per_rank"]
+    planned = plan_memory(parsed, build_training_arguments(parsed), models[key], world)
+    return planned["peak_per_rank"], planned["activations"]["source"] or "formula"
 
 
 SETUPS = {"ddp": "no ZeRO (DDP)", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
@@ -120,9 +123,11 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     output_dir = output_dir or f"runs/{model.rsplit('/', 1)[-1].lower()}"
     budget = HEADROOM * gpu_memory_gb * 2**30
     models: dict = {}
-    base = build_meta_model(validate_recipe(
-        {"model": {"pretrained_model_name_or_path": model}, "data": {"train": {"path": stand_in or data}}}))
+    described = validate_recipe({"model": {"pretrained_model_name_or_path": model},
+                                 "data": {"train": {"path": stand_in or data}}})
+    base = build_meta_model(described)
     size, moe = sum(p.numel() for p in base.parameters()), moe_shape(base)
+    mxfp4 = stored_in_mxfp4(base.config)
     tunings = [tuning] if tuning != "auto" else (
         ["full", "lora", "qlora"] if size <= FULL_AUTO_MAX_PARAMS else ["lora", "qlora"])
     setups = [SETUPS[setup]] if setup != "auto" else ["no ZeRO (DDP)"] if gpus == 1 else list(SETUPS.values())
@@ -138,14 +143,18 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
                         recipe = candidate_recipe(model, tune, setup, checkpointing, tokens, accumulation, data,
                                                   max_length, output_dir, lora)
                         recipe["machine"] = {"world_size": gpus, "gpu_memory_gb": gpu_memory_gb}
-                        peak = estimate(recipe, gpus, models, stand_in)
+                        peak, source = estimate(recipe, gpus, models, stand_in)
                         tried.append(peak)
                         if peak <= budget and (checkpointing or tokens >= 4096):
                             why = reasons(tune, setup, checkpointing, tokens, size, tunings, gpus)
                             if moe:
                                 why = {**why, **moe_reasons(moe, experts)}
+                            if mxfp4:
+                                why["moe"] += (f"; its MXFP4 checkpoint is dequantized to bf16 for training: "
+                                               f"{2 * size / 2**30:.0f} GB of weights, about 4x what MXFP4 stores "
+                                               "of the experts")
                             return recipe, Choice(tune, experts, setup, checkpointing, tokens, accumulation, peak,
-                                                  why)
+                                                  why, source)
     raise HfTuneError(f"{model} ({size / 1e9:.1f}B parameters) fits no recipe on {gpus} x {gpu_memory_gb:g} GB: the "
                       f"smallest estimated peak per rank is {min(tried) / 2**30:.1f} GB\n  fix: more GPUs (--gpus), "
                       f"--tuning qlora, or a shorter --max-length")
@@ -191,11 +200,13 @@ def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: f
     margin = gpu_memory_gb * 2**30 - choice.peak
     head = [f"# {model} on {gpus} x {gpu_memory_gb:g} GB, written by `hf-tune init` (check it: hf-tune plan THIS.yaml)",
             f"# estimated peak per rank: {choice.peak / 2**30:.1f} GB of {gpu_memory_gb:g} GB, {margin / 2**30:.1f} GB "
-            f"({margin / (gpu_memory_gb * 2**30):.0%}) to spare (model states; activations measured by the probe on "
-            f"CPU copies of the model; {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} "
-            "of the GPU)",
-            *(f"# {choice.why[key]}" for key in ("moe", "lora") if key in choice.why),
-            f"# {choice.why['tuning']}", f"# {choice.why['setup']}", f"# {choice.why['checkpointing']}",
+            f"({margin / (gpu_memory_gb * 2**30):.0%}) to spare (model states; activations "
+            + ("measured by the probe on CPU copies of the model" if choice.activations == "probe" else
+               "from a formula: the probe cannot run this model")
+            + f"; {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} of the GPU)",
+            *(f"# {choice.why[key]}" for key in ("moe", "lora", "tuning")
+              if key in choice.why and (key != "tuning" or "lora" not in choice.why)),
+            f"# {choice.why['setup']}", f"# {choice.why['checkpointing']}",
             f"# {choice.why['tokens']}; accumulation {choice.accumulation} -> about "
             f"{choice.tokens * choice.accumulation * gpus:,} tokens an optimizer step",
             "# attention, bf16 and Liger kernels: hf_tune decides on the GPU it runs on (see README, GPU quick start)"]

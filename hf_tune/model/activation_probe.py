@@ -43,6 +43,7 @@ import warnings
 import torch
 
 from hf_tune.model.chunked_logprobs import default_chunk_size
+from hf_tune.model.moe import is_moe_config
 
 PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies; a real chunk is measured apart (_loss_transient_per_row)
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
@@ -180,7 +181,11 @@ def shrink_factors(config) -> tuple[int, ...]:
         if k < 4:
             break
         dims = [getattr(config, key) for key in WIDTH_KEYS] + [head_dim] + _optional_widths(config)
-        if all(dim % k == 0 for dim in dims) and head_dim // k >= MIN_HEAD_DIM and (head_dim // k) % 2 == 0:
+        # a mixture of experts' grouped matmuls (transformers' experts kernels) need rows of 16 bytes: widths in 8s
+        expert_dims = [config.hidden_size, config.intermediate_size, *_optional_widths(config)] if is_moe_config(
+            config) else []
+        if all(dim % k == 0 for dim in dims) and head_dim // k >= MIN_HEAD_DIM and (head_dim // k) % 2 == 0 and all(
+                (dim // k) % 8 == 0 for dim in expert_dims):
             return (k, k // 2, k // 4)
     return (1,)
 

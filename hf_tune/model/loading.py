@@ -54,6 +54,13 @@ def build_tokenizer(recipe: Recipe):
     return tokenizer
 
 
+def stored_in_mxfp4(config) -> bool:
+    """Whether a model's checkpoint stores weights in MXFP4 (its config's ``quantization_config``, gpt-oss's)."""
+    stored = getattr(config, "quantization_config", None) or {}
+    method = stored.get("quant_method") if isinstance(stored, dict) else getattr(stored, "quant_method", None)
+    return str(getattr(method, "value", method)) == "mxfp4"
+
+
 def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None):
     """The base model, wrapped by PEFT when the recipe has a ``lora`` section. ``labels``: class names of a
     classification recipe (default: read from its training data), stored in the config as id2label / label2id."""
@@ -64,6 +71,12 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
               "ignore_mismatched_sizes": m.ignore_mismatched_sizes}
     if m.quantization_config:
         kwargs["quantization_config"] = bitsandbytes_config(m.quantization_config)
+    elif stored_in_mxfp4(model_config(recipe)):  # gpt-oss: trained dequantized, as transformers dequantizes it without a GPU
+        from transformers import Mxfp4Config
+
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+        logger.info("%s stores its experts in MXFP4: dequantized to %s for training (about 4x their stored bytes)",
+                    m.pretrained_model_name_or_path, m.dtype or "the config's dtype")
     if task.num_labels is not None:  # a fixed head (a reward model's one score)
         kwargs["num_labels"] = task.num_labels
     if task.class_labels:

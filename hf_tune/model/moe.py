@@ -89,7 +89,8 @@ def moe_shape(model: nn.Module) -> MoeShape | None:
             router_params += math.prod(shape)
     if not modules:
         return None
-    total = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in base.parameters())
+    total = sum(math.prod(getattr(p, "ds_shape", p.shape)) for name, p in base.named_parameters()
+                if "lora_" not in name)  # the model's own parameters, adapters aside
     coefficient = getattr(config, "router_aux_loss_coef", None)
     return MoeShape(experts=experts, experts_per_token=per_token, moe_layers=len(modules),
                     expert_modules=tuple(sorted(modules)), expert_weights=tuple(sorted(weights)),
