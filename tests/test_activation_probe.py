@@ -11,7 +11,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCa
                           Qwen3MoeForCausalLM, TrainingArguments)
 
 from hf_tune.build.run_build import causal_loss
-from hf_tune.data.loss import ChunkedCausalLMLoss
+from hf_tune.data.loss import is_chunked
 from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, probe_lengths, width_fit
 from hf_tune.model.moe import moe_lora
 from hf_tune.recipe import validate_recipe
@@ -93,7 +93,7 @@ def full_step_bytes(family: str, dtype, dropout: float | None, checkpointing: bo
     batch = {"input_ids": ids, "labels": ids.clone(),
              "position_ids": torch.cat([torch.arange(n) for n in LENGTHS]).unsqueeze(0),
              "cu_seq_lens_q": starts, "cu_seq_lens_k": starts, "max_length_q": 600, "max_length_k": 600}
-    runs_chunked = isinstance(trainer.compute_loss_func, ChunkedCausalLMLoss)
+    runs_chunked = is_chunked(trainer.compute_loss_func)  # a mixture of experts' adds its router's loss to it
     assert runs_chunked == chunked  # the recipe's loss, decided on the model as a run decides it
     setup = ProbeSetup(model_class, config, dtype, mixed, "sdpa_varlen", True, lora, False, chunked, checkpointing)
     return saved_for_backward(trainer, model, batch, checkpointing), setup

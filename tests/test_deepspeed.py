@@ -123,25 +123,6 @@ def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tiny_llama_di
 
 
 @pytest.mark.slow
-def test_two_process_zero3_lora_saves_a_full_trained_adapter(tmp_path, tiny_llama_dir):
-    """TRL #4416 / PEFT #2892 report a ~40-byte empty adapter from ZeRO-3 + LoRA; ours holds every trained tensor."""
-    from safetensors.torch import load_file
-
-    raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=3, deepspeed="zero3", learning_rate=1e-2)
-    raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(raw))
-    result = launch.run(*launch.deepspeed(2, "--module", "hf_tune.run", str(recipe)), env=DEEPSPEED_ENV, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
-    config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
-    assert len(adapter) == 2 * 2 * config["num_hidden_layers"]  # lora_A and lora_B of q_proj and v_proj per layer
-    for name, tensor in adapter.items():
-        assert tensor.numel() > 0 and tensor.shape[0 if "lora_A" in name else 1] == 4, name
-    assert all(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)  # B starts at 0
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir, stage,
                                                                                      uninterrupted_zero_run):

@@ -130,11 +130,20 @@ def test_the_shipped_fsdp2_accelerate_config_wraps_transformer_blocks():
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, launcher):
-    """Each "node" is its own launcher process with its node rank, as on a cluster without ssh."""
+    """Each "node" is its own launcher process with its node rank, as on a cluster without ssh. Under torchrun a full
+    fine-tune, whose model consolidates from the two nodes' shards; under the deepspeed launcher a LoRA run, whose
+    saved adapter holds every trained tensor (TRL #4416 / PEFT #2892 report a ~40-byte empty adapter from ZeRO-3 +
+    LoRA)."""
 
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    recipe = small_recipe(tmp_path, tiny_llama_dir, deepspeed="zero3")
+    lora = launcher == "deepspeed"
+    recipe = small_recipe(tmp_path, tiny_llama_dir, deepspeed="zero3", **({"learning_rate": 1e-2} if lora else {}))
+    if lora:
+        raw = yaml.safe_load(recipe.read_text())
+        raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+        recipe.write_text(yaml.safe_dump(raw))
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     port = str(free_port())
@@ -152,7 +161,15 @@ def test_two_nodes_on_localhost_complete_a_zero3_run(tmp_path, tiny_llama_dir, l
     assert [p.returncode for p in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "rank 0 of 2" in outputs[0] and "rank 1 of 2" in outputs[1]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["world_size"] == 2
-    AutoModelForCausalLM.from_pretrained(tmp_path / "run")  # consolidated from the two nodes' ZeRO-3 shards
+    if not lora:
+        AutoModelForCausalLM.from_pretrained(tmp_path / "run")  # consolidated from the two nodes' ZeRO-3 shards
+        return
+    adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
+    assert len(adapter) == 2 * 2 * config["num_hidden_layers"]  # lora_A and lora_B of q_proj and v_proj per layer
+    for name, tensor in adapter.items():
+        assert tensor.numel() > 0 and tensor.shape[0 if "lora_A" in name else 1] == 4, name
+    assert all(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)  # B starts at 0
 
 
 @pytest.mark.slow

@@ -67,7 +67,9 @@ def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, 
     text = format_plan(result)
     assert result["setup"] in text and f"fits the {gpu_gb} GB GPU the recipe was written for" in text
     main(["validate", str(path)])
-    assert "attn_implementation: sdpa_varlen  # hf_tune's default" in capsys.readouterr().out
+    attention = "eager" if "gpt-oss" in path.stem else "sdpa_varlen"  # gpt-oss's attention sinks: no SDPA kernel
+    assert f"attn_implementation: {attention}  # hf_tune's default" in capsys.readouterr().out
+    assert result["decisions"]["attention"] == attention
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)

@@ -237,25 +237,10 @@ def test_two_ddp_launches_starting_trials_together_run_no_more_than_n_trials(tmp
 
 
 @pytest.mark.slow
-def test_a_trial_under_two_process_ddp_on_cpu(tmp_path, tiny_llama_dir):
-    space = {"lora.r": {"type": "categorical", "choices": [2, 8]},
-             "training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
-    raw = search_recipe(tiny_llama_dir, tmp_path / "study", {"space": space, "n_trials": 1})
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(raw))
-    proc = launch.start(*launch.torchrun(2, "-m", "hf_tune.search", str(recipe)), threads=True)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-    lines = [line.split(": trial ", 1)[1] for line in err.splitlines() if " of 2: trial " in line]
-    assert len(lines) == 2 and lines[0] == lines[1], lines  # rank 1 trains the values rank 0 sampled
-    assert "rank 0 of 2" in err and "rank 1 of 2" in err
-    assert "best recipe:" in out
-
-
-@pytest.mark.slow
 def test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank(tmp_path, tiny_llama_dir):
     """Rank 0 alone holds the Optuna trial: had it pruned alone (Trainer's own reporting), the other rank would train
-    on into a collective that rank 0 never joins, and the run would hang. Every rank follows rank 0's decision."""
+    on into a collective that rank 0 never joins, and the run would hang. Every rank follows rank 0's decision, and
+    trains the values rank 0 sampled."""
     space = {"training.learning_rate": {"type": "categorical", "choices": [3e-2, 1e-9, 2e-9]}}
     raw = search_recipe(tiny_llama_dir, tmp_path / "study", {
         "space": space, "n_trials": 3, "sampler": "grid", "pruner": "median",
@@ -277,6 +262,10 @@ def test_under_ddp_a_trial_rank_0_prunes_stops_on_every_rank(tmp_path, tiny_llam
     assert all(max(t.intermediate_values) < 6 for t in pruned)  # stopped at an evaluation before the last step
     # both ranks ran all three trials: rank 1 left each pruned trial and took the next one with rank 0
     assert sum("rank 1 of 2: trial " in line for line in err.splitlines()) == 3, err[-3000:]
+    trials = {rank: [line.split(": trial ", 1)[1] for line in err.splitlines() if f"rank {rank} of 2: trial " in line]
+              for rank in (0, 1)}
+    assert trials[0] == trials[1], trials  # trial numbers and values: rank 1 trains what rank 0 sampled
+    assert "best recipe:" in out
 
 
 def _open_study_storage(url: str, barrier, errors, opener: str) -> None:

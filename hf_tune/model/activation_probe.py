@@ -14,13 +14,12 @@ The copies are small, and the figure is scaled back to the recipe's shape:
   1-layer figure plus ``layers - 1`` times the difference;
 - **width**: hidden size, MLP width, vocabulary and head dimension divided by ``k`` (heads, key-value heads and the
   LoRA rank kept); each kept tensor's size is a width times tokens (a term in ``1/k``), a count of heads or ranks
-  times tokens (constant), or the size of a weight (``1/k**2``: autocast's copies of float32 weights, the LM head's
-  in the chunked loss, a mixture of experts' fused expert tensors plus LoRA's delta), so three widths fit the terms
-  exactly and give ``k = 1``;
-- **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which every copy run at
-  twice the tokens separates (and scales in width like the rest); the figure scales linearly from the probe's pack,
-  which keeps the data's padding ratio (a pack's examples padded to its longest, over its tokens: ``sdpa_varlen``'s
-  padded gathers);
+  times tokens (constant), or, where autocast copies float32 weights or LoRA adds its delta to a mixture of experts'
+  fused expert tensors, a weight copy (``1/k**2``), so two widths (three with weight copies) fit the terms exactly
+  and give ``k = 1``; a mixture of experts' expert width (``moe_intermediate_size``) is divided too;
+- **tokens**: kept tensors grow with the tokens of the pack, but for a few of a fixed size, which the narrowest
+  copies run at twice the tokens separate; the figure scales linearly from the probe's pack, which keeps the data's
+  padding ratio (a pack's examples padded to its longest, over its tokens: ``sdpa_varlen``'s padded gathers);
 - **the chunked loss**: a chunk holds a fixed number of logits whatever the width, so the copies run a tiny chunk and
   one real chunk, measured on the narrow head, is added where the forward ends.
 
@@ -126,22 +125,24 @@ class Linear:
 def _fit(setup: ProbeSetup, ratio: float) -> tuple[tuple[Linear, Linear, Linear], float, str]:
     """((bytes kept, the forward's peak, the peak through backward) as functions of the tokens, the chunked loss's
     transient per position of a chunk, how), at the recipe's full depth and width: each width and depth at
-    ``PROBE_TOKENS``, and the narrowest also at twice the tokens, which separates what does not grow with the tokens
-    (buffers of a fixed size) from what does, at every width (three widths fit ``a + b/k + c/k**2``: tensors of a
-    width times the tokens, of a count of heads times the tokens, and of a weight's size)."""
+    ``PROBE_TOKENS``, and the narrowest (every width, where weight-sized buffers need three) also at twice the
+    tokens, which separates what does not grow with the tokens
+    (buffers of a fixed size) from what does."""
     config = setup.config
     layers = config.num_hidden_layers
     factors = shrink_factors(config)
+    if not weight_copies(setup):  # no tensor of a weight's size is kept: two widths fit a + b/k exactly
+        factors = factors[:2]
     lengths = probe_lengths(PROBE_TOKENS, ratio)
     figures = {(k, depth): measure(setup, probe_config(config, depth, k), lengths) for k in factors for depth in (1, 2)}
+    # weight-sized buffers (three widths) do not grow with the tokens either: then every width runs twice the tokens
+    doubled_at = factors if len(factors) == 3 else factors[:1]
     doubled = {(k, depth): measure(setup, probe_config(config, depth, k), [2 * n for n in lengths])
-               for k in factors for depth in (1, 2)}
+               for k in doubled_at for depth in (1, 2)}
     fits = []
     for i in range(3):  # kept, forward peak, peak
-        # what does not grow with the tokens, 2 m(T) - m(2T), at each width and depth, scaled like the rest: a
-        # buffer the size of a weight (the LM head's, a fused expert tensor's) grows with the width squared
-        fixed = {key: 2 * figures[key][i] - doubled[key][i] for key in figures}
-        fixed_full = _extrapolate(fixed, factors, layers)
+        fixed = {key: 2 * figures[key][i] - value[i] for key, value in doubled.items()}  # 2 m(T) - m(2T)
+        fixed_full = _extrapolate(fixed, doubled_at, layers)
         at_full = _extrapolate({key: value[i] for key, value in figures.items()}, factors, layers)
         fits.append(Linear((at_full - fixed_full) / PROBE_TOKENS, fixed_full))
     # the chunked loss's chunk: the copies run a tiny one, this is the real one's, per position (up to a chunk)
@@ -169,6 +170,16 @@ def width_fit(points: list[tuple[int, float]]) -> float:
     values = torch.tensor([value for _, value in points], dtype=torch.float64)
     coefficients = torch.linalg.solve(matrix, values)
     return float(coefficients.sum())
+
+
+def weight_copies(setup: ProbeSetup) -> bool:
+    """Whether a training step keeps copies the size of weights (``1/k**2`` under the width divisor k): autocast's
+    16-bit copies of float32 weights under mixed precision, or a mixture of experts whose fused expert tensors LoRA
+    adapts (PEFT's ParamWrapper adds its delta to the whole tensor, ``W + B @ A``, in each forward)."""
+    lora = setup.lora or {}
+    experts_adapted = is_moe_config(setup.config) and bool(
+        lora.get("target_parameters") or lora.get("target_modules") == "all-linear")
+    return (setup.mixed_precision and setup.dtype == torch.float32) or experts_adapted
 
 
 def shrink_factors(config) -> tuple[int, ...]:

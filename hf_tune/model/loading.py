@@ -71,7 +71,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
               "ignore_mismatched_sizes": m.ignore_mismatched_sizes}
     if m.quantization_config:
         kwargs["quantization_config"] = bitsandbytes_config(m.quantization_config)
-    elif stored_in_mxfp4(model_config(recipe)):  # gpt-oss: trained dequantized, as transformers dequantizes it without a GPU
+    elif stored_in_mxfp4(model_config(recipe)):  # gpt-oss: trained dequantized (transformers' own CPU path)
         from transformers import Mxfp4Config
 
         kwargs["quantization_config"] = Mxfp4Config(dequantize=True)

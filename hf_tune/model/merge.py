@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from hf_tune.model.merge_experts import CannotStreamExperts, ExpertTarget, checkpoint_sources, expert_delta, expert_targets
+from hf_tune.model.merge_experts import (CannotStreamExperts, ExpertTarget, checkpoint_sources, expert_delta,
+                                         expert_targets)
 from hf_tune.runtime.network import hub_is_reachable
 
 logger = logging.getLogger(__name__)
@@ -216,7 +217,8 @@ def _place_experts(plan: ShardMerge, experts: dict[str, tuple[LoraDelta, ExpertT
     for delta, target in experts.values():
         plan.experts[target.parameter] = (delta, target)
         if target.parameter in shapes and shapes[target.parameter] != list(target.shape):
-            raise CannotStream(f"{target.parameter}: the adapter's delta does not fit its shape {shapes[target.parameter]}")
+            raise CannotStream(f"{target.parameter}: the adapter's delta does not fit its shape "
+                               f"{shapes[target.parameter]}")
     try:
         plan.expert_sources = checkpoint_sources(set(shapes), shapes, plan.config.model_type, set(plan.experts))
     except CannotStreamExperts as err:
