@@ -14,6 +14,7 @@ import yaml
 
 from hf_tune import __version__
 from hf_tune.commands.command_line import DEBUG_HELP, recipe_arguments, user_errors
+from hf_tune.commands.option_types import gpu_memory_gb, number, whole
 from hf_tune.lifecycle.redaction import redact_secrets
 
 
@@ -197,26 +198,26 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "train": Verb(_train, "train from a recipe (same as python -m hf_tune.run)", True),
     "validate": Verb(_validate, "check a recipe and print it fully resolved", True),
     "plan": Verb(_plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training", True, (
-        option("--world-size", type=int, default=None, help="plan for N processes (default: this launch's)"),
+        option("--world-size", type=whole(1), default=None, help="plan for N processes (default: this launch's)"),
         option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)"))),
     "profile": Verb(_profile, "a short run of the profile section's steps under torch.profiler: trace, top operators, "
                     "step-time shares", True, (
         option("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; the "
                "real run folder is not touched)"),)),
     "cv": Verb(_cv, "stratified k-fold cross-validation of a classification recipe", True,
-               (option("--folds", type=int, default=5),)),
+               (option("--folds", type=whole(2), default=5),)),
     "search": Verb(_search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)", True, (
         option("--dashboard", action="store_true", help="first print how to open optuna-dashboard on the study's "
                "storage (pip install 'hf_tune[dashboard]')"),)),
     "init": Verb(_init, "write a recipe for MODEL whose plan fits the machine (each choice commented)", options=(
         option("model", help="a Hub id, local folder or embedded: name (its config is read, no weight)"),
-        option("--gpus", type=int, default=1, help="GPUs the run uses (default 1)"),
-        option("--gpu-memory", type=float, default=80, help="GB of memory per GPU (default 80)"),
+        option("--gpus", type=whole(1, 4096), default=1, help="GPUs the run uses (default 1)"),
+        option("--gpu-memory", type=gpu_memory_gb, default=80, help="GB of memory per GPU (default 80)"),
         option("--tuning", default="auto", choices=["auto", "full", "lora", "qlora"],
                help="default: the fastest that fits (full for models under 2B parameters, then LoRA, then QLoRA)"),
         option("--setup", default="auto", choices=["auto", "ddp", "zero2", "zero3"],
                help="distribution (default: the fastest that fits: DDP, then ZeRO-2, then ZeRO-3)"),
-        option("--max-length", type=int, default=4096, help="longest example in tokens (data.max_length)"),
+        option("--max-length", type=whole(1), default=4096, help="longest example in tokens (data.max_length)"),
         option("--data", default=None, help="chat data (JSONL of messages) for data.train.path (default: the "
                "placeholder data/train.jsonl, which the recipe says to fill)"),
         option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)"))),
@@ -224,12 +225,12 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "eval": Verb(_eval, "lm-eval scores of a run, one checkpoint, or (--watch) each new complete checkpoint of a run "
                  "in progress, into RUN_DIR/eval_scores.jsonl", options=(
         option("run_dir", help="a run folder (its recipe's evaluation.tasks), or a model folder with --tasks"),
-        option("--checkpoint", type=int, default=None, metavar="N", help="score checkpoint-N (complete ones only)"),
+        option("--checkpoint", type=whole(0), default=None, metavar="N", help="score checkpoint-N (complete ones only)"),
         option("--watch", action="store_true", help="score each complete checkpoint as it appears, until the run ends"),
-        option("--interval", type=float, default=10.0, help="seconds between looks for new checkpoints (--watch)"),
+        option("--interval", type=number(0, low_open=True), default=10.0, help="seconds between looks for new checkpoints (--watch)"),
         option("--tasks", default=None, help="comma-separated lm-eval tasks or task YAMLs (default: the recipe's)"),
-        option("--limit", type=float, default=None, help="examples per task (a fraction if < 1)"),
-        option("--num-fewshot", type=int, default=None), option("--batch-size", type=int, default=None),
+        option("--limit", type=number(0, low_open=True), default=None, help="examples per task (a fraction if < 1)"),
+        option("--num-fewshot", type=whole(0), default=None), option("--batch-size", type=whole(1), default=None),
         option("--apply-chat-template", action="store_true", default=None,
                help="ask each prompt as a user turn through the chat template (lm-eval's apply_chat_template)"),
         option("--device", default=None), option("--dtype", default=None))),
@@ -262,13 +263,13 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "chat": Verb(_chat, "talk to a trained run (adapter or full model)", options=(
         RUN_DIR, option("--prompt", help="one message, answered once (default: interactive)"),
         option("--system", help="a system message"),
-        option("--max-new-tokens", type=int, default=128),
+        option("--max-new-tokens", type=whole(1), default=128),
         option("--device", default=None, help="default: cuda if available, else mps, else cpu"),
         option("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
                help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype"),
-        option("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled"),
-        option("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature above 0)"),
-        option("--seed", type=int, default=None, help="makes sampled replies repeatable"))),
+        option("--temperature", type=number(0), default=0.0, help="0 (default): greedy; above 0: sampled"),
+        option("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling (with --temperature above 0)"),
+        option("--seed", type=whole(0), default=None, help="makes sampled replies repeatable"))),
 }
 
 
