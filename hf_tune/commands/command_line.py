@@ -10,6 +10,7 @@ import logging
 import sys
 
 from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle.redaction import redact_urls
 
 DEBUG_HELP = "show the traceback of errors"
 
@@ -44,6 +45,13 @@ class _CurrentStderr(logging.StreamHandler):
         pass
 
 
+class RedactingFormatter(logging.Formatter):
+    """Every log line with URL credentials masked (``redact_urls``): a library's message may echo a URL whole."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_urls(super().format(record))
+
+
 def configure_logging() -> None:
     """INFO logs with a time stamp on standard error, set up once per process (entry points call it). The libraries'
     own handlers (bound to the standard error of the moment they were imported) give way to this one."""
@@ -59,7 +67,7 @@ def configure_logging() -> None:
     root = logging.getLogger()
     if not any(isinstance(handler, _CurrentStderr) for handler in root.handlers):
         handler = _CurrentStderr()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
 
@@ -74,7 +82,7 @@ def user_errors(debug: bool):
     except HfTuneError as err:
         if debug:
             raise
-        print(f"hf_tune: error: {err}", file=sys.stderr)
+        print(f"hf_tune: error: {redact_urls(str(err))}", file=sys.stderr)
         if err.__cause__ is not None:
             print("  (--debug shows the traceback)", file=sys.stderr)
         raise SystemExit(err.exit_code) from None

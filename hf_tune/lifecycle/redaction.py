@@ -14,6 +14,12 @@ TOKEN_VALUE = re.compile(r"(?<![/\w])(hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,})
 # "key" projection to values): the secret-key rule does not look inside them.
 NAME_MAPS = re.compile(r"_pattern$")
 SECRET_KEY = re.compile(r"(^|_)(token|secret|password|passwd|api_?key|key|credentials?)$", re.IGNORECASE)
+# Credentials in a URL, in any link of an fsspec chain (simplecache::s3://...): userinfo with a password
+# (scheme://user:password@, whatever the password holds, "/" and "@" included: up to the last "@" of the word), and query values of secret-named keys
+# (?X-Amz-Signature=..., &access_key=..., ?sas_token=...).
+URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^\s@/:]*):(?P<password>\S*)@")
+URL_QUERY_SECRET = re.compile(r"(?P<key>[?&][^=&\s#]*(?:key|secret|token|password|signature|sig|credential)"
+                              r"[^=&\s#]*=)(?P<value>[^&\s#]*)", re.IGNORECASE)
 SECRET_FIX = ("keep tokens out of recipes: export HF_TOKEN=... or run `hf auth login` (W&B: WANDB_API_KEY or "
               "`wandb login`); the Hub client and the trackers read them from there")
 
@@ -37,6 +43,17 @@ def refuse_secrets(raw: Any, path: str = "") -> None:
         raise RecipeError(path, "holds a token-shaped value (hf_... or sk-...)", fix=SECRET_FIX)
 
 
+def url_has_credentials(url: str) -> bool:
+    """Whether a URL (or an fsspec chain of them) carries a password in its userinfo or a secret in its query."""
+    return bool(URL_USERINFO.search(url) or URL_QUERY_SECRET.search(url))
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL's password and secret query values replaced by '***' (the user name is kept)."""
+    text = URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+    return URL_QUERY_SECRET.sub(lambda m: f"{m['key']}***", text)
+
+
 def redact_secrets(value: Any) -> Any:
     """A copy with every value under a secret-looking key (token, password, api_key, ...) replaced by '***', and
     token-shaped strings (hf_..., sk-...) masked wherever they stand."""
@@ -45,4 +62,4 @@ def redact_secrets(value: Any) -> Any:
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact_secrets(v) for v in value]
-    return TOKEN_VALUE.sub("***", value) if isinstance(value, str) else value
+    return redact_urls(TOKEN_VALUE.sub("***", value)) if isinstance(value, str) else value

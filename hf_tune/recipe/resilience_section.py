@@ -5,16 +5,13 @@ opened."""
 from __future__ import annotations
 
 import importlib.util
-import re
 
 from pydantic import Field, field_validator
 
 from hf_tune.errors import RecipeError
+from hf_tune.lifecycle.redaction import url_has_credentials
 from hf_tune.recipe.section import Section
 
-# user:password@ in a URL, or a query parameter that carries a key (?secret=..., &access_key=...)
-_URL_CREDENTIALS = re.compile(r"^[a-zA-Z][\w+.-]*://[^/@]*:[^/@]*@|[?&][^=&]*(key|secret|token|password)[^=&]*=",
-                              re.IGNORECASE)
 
 
 class ResilienceSection(Section):
@@ -36,7 +33,7 @@ class ResilienceSection(Section):
     def _mirror_url(cls, url: str | None) -> str | None:
         if url is None:
             return None
-        if _URL_CREDENTIALS.search(url):  # a RecipeError passes through pydantic: the URL is not echoed back
+        if url_has_credentials(url):  # a RecipeError passes through pydantic: the URL is not echoed back
             raise RecipeError("resilience.checkpoint_mirror", "holds credentials, which would be written into "
                               "recipe.yaml, run.json and every checkpoint's training_args.bin",
                               fix="give them through the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "

@@ -1,0 +1,58 @@
+"""Credentials in URLs never leave the process (hf_tune/lifecycle/redaction.py): a mirror URL that carries them is
+refused whatever the password holds, and every error message and log line hf_tune prints has them masked, in each
+link of an fsspec chain and in query strings."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conftest import chat_recipe
+from hf_tune import load_recipe
+from hf_tune.commands.command_line import RedactingFormatter, user_errors
+from hf_tune.errors import HfTuneError, RecipeError
+
+SECRET = "Sup3r/S3cr@t+key"  # a "/", an "@" and a "+": the shapes that slipped past the old check
+NASTY = [
+    f"s3://AKIAEXAMPLE:{SECRET}@ckpts/run",
+    f"simplecache::s3://AKIAEXAMPLE:{SECRET}@ckpts/run",
+    f"filecache::gs://bucket/x::s3://user:{SECRET}@bucket/run",
+    f"https://minio.local:9000/ckpts?X-Amz-Signature={SECRET.replace('/', '').replace('@', '')}&X-Amz-Date=1",
+    "az://container/run?sas_token=sv2024sigAbCdEf",
+]
+
+
+def hidden(url: str) -> str:
+    """The secret part of each URL above, which must never be printed."""
+    return "sv2024sigAbCdEf" if "sas_token" in url else "Sup3rS3crt+key" if "Signature" in url else SECRET
+
+
+@pytest.mark.parametrize("url", NASTY)
+def test_a_mirror_url_with_credentials_is_refused_without_echoing_them(url, tmp_path, tiny_llama_dir):
+    raw = chat_recipe(tiny_llama_dir, tmp_path / "run")
+    raw["resilience"] = {"checkpoint_mirror": url}
+    with pytest.raises(RecipeError) as info:
+        load_recipe(raw)
+    assert info.value.key == "resilience.checkpoint_mirror" and "holds credentials" in str(info.value)
+    assert hidden(url) not in str(info.value) and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("url", NASTY)
+def test_errors_and_log_lines_mask_the_credentials_of_any_url(url, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        with user_errors(debug=False):
+            raise HfTuneError(f"cannot open {url!r}: access denied")
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "cannot open" in err and hidden(url) not in err and "***" in err
+    record = logging.LogRecord("s3fs", logging.WARNING, __file__, 1, "retrying %s", (url,), None)
+    line = RedactingFormatter("%(name)s: %(message)s").format(record)
+    assert line.startswith("s3fs: retrying ") and hidden(url) not in line and "***" in line
+
+
+def test_urls_without_credentials_are_printed_as_they_are(capsys):
+    plain = "s3://bucket/path@v2/run:1 and ftp://anonymous@host/x"
+    with pytest.raises(SystemExit):
+        with user_errors(debug=False):
+            raise HfTuneError(f"cannot open {plain}")
+    assert plain in capsys.readouterr().err
