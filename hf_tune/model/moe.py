@@ -25,13 +25,11 @@ class MoeShape:
     experts: int  # routed experts per MoE layer
     experts_per_token: int
     moe_layers: int  # layers whose MLP is routed
-    expert_modules: tuple[str, ...]  # dotted names of the modules holding the fused expert tensors
     expert_weights: tuple[str, ...]  # leaf names of those tensors that LoRA can adapt (3-D weights, no biases)
     router_modules: tuple[str, ...]  # leaf names of the routers (the gate that scores the experts)
     total_parameters: int
     routed_parameters: int  # parameters of the routed experts (weights and biases), all layers
     router_parameters: int  # the routers' weights, all layers (every token runs them)
-    router_aux_loss_coef: float | None  # the config's coefficient of the load-balancing loss
 
     @property
     def active_routed_parameters(self) -> int:
@@ -91,12 +89,9 @@ def moe_shape(model: nn.Module) -> MoeShape | None:
         return None
     total = sum(math.prod(getattr(p, "ds_shape", p.shape)) for name, p in base.named_parameters()
                 if "lora_" not in name)  # the model's own parameters, adapters aside
-    coefficient = getattr(config, "router_aux_loss_coef", None)
     return MoeShape(experts=experts, experts_per_token=per_token, moe_layers=len(modules),
-                    expert_modules=tuple(sorted(modules)), expert_weights=tuple(sorted(weights)),
-                    router_modules=tuple(sorted(routers)), total_parameters=total, routed_parameters=routed,
-                    router_parameters=router_params,
-                    router_aux_loss_coef=float(coefficient) if coefficient is not None else None)
+                    expert_weights=tuple(sorted(weights)), router_modules=tuple(sorted(routers)),
+                    total_parameters=total, routed_parameters=routed, router_parameters=router_params)
 
 
 def _linear_leaf_names(model: nn.Module, exclude: set[str]) -> list[str]:
@@ -113,7 +108,7 @@ def attention_only_targets(model: nn.Module, shape: MoeShape) -> list[str]:
     return _linear_leaf_names(model, set(shape.router_modules))
 
 
-def expert_targets(shape: MoeShape) -> list[str]:
+def fused_expert_targets(shape: MoeShape) -> list[str]:
     """PEFT ``target_parameters`` naming the fused expert weights (``experts.gate_up_proj``, ...)."""
     return [f"experts.{name}" for name in shape.expert_weights]
 
@@ -129,7 +124,7 @@ def moe_lora(model: nn.Module, lora: dict) -> dict:
     lora = dict(lora)
     if lora.get("target_modules") == "all-linear":
         lora["target_modules"] = attention_only_targets(model, shape)
-        lora.setdefault("target_parameters", expert_targets(shape))
+        lora.setdefault("target_parameters", fused_expert_targets(shape))
     adapted = [name for name in lora.get("target_parameters") or []
                if name.rsplit(".", 1)[-1] in shape.expert_weights]
     if adapted and lora.get("lora_dropout"):
@@ -143,4 +138,4 @@ def moe_lora(model: nn.Module, lora: dict) -> dict:
     return lora
 
 
-__all__ = ["MoeShape", "attention_only_targets", "expert_targets", "is_moe_config", "moe_lora", "moe_shape"]
+__all__ = ["MoeShape", "attention_only_targets", "fused_expert_targets", "is_moe_config", "moe_lora", "moe_shape"]
