@@ -44,7 +44,7 @@ def main() -> None:
             lora={"r": 16, "lora_alpha": 32, "lora_dropout": dropout, "target_modules": targets},
             fast_lora_dropout=True, chunked_loss=True, checkpointing=checkpointing,
             checkpointing_kwargs={"use_reentrant": False})
-        kept, _, peak = probe.measure(setup, config, [TOKENS], chunk_size=None)  # the real chunk of the loss
+        [(kept, _, peak)] = probe.measure(setup, config, [TOKENS], chunk_size=None)  # the real chunk of the loss
         estimate = probe.estimate_activations(setup, TOKENS)
         print(f"| {name} | {kept / 2**20:.0f} / {peak / 2**20:.0f} | {estimate.kept / 2**20:.0f} / "
               f"{estimate.peak / 2**20:.0f} | {estimate.kept / kept:.2f}, {estimate.peak / peak:.2f} |")

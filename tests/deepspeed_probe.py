@@ -1,8 +1,9 @@
-"""Run under the `deepspeed` launcher by test_optim.py / test_deepspeed.py: train from a recipe, then dump (per rank)
-the param groups that the DeepSpeed engine's optimizer actually steps and how each parameter is stored.
+"""Run on DeepSpeed ranks (torchrun or the `deepspeed` launcher) by test_optim.py / test_deepspeed.py: train from a
+recipe, then dump (per rank) the param groups that the DeepSpeed engine's optimizer actually steps and how each
+parameter is stored.
 
 ``deepspeed_probe.py RECIPE REPORT``: the trainer built by hf_tune's notebook API and trained by ``trainer.train``;
-``deepspeed_probe.py RECIPE REPORT --run``: the whole run as ``python -m hf_tune.run RECIPE`` does it (its logging,
+``deepspeed_probe.py RECIPE REPORT whole-run``: the whole run as ``python -m hf_tune.run RECIPE`` does it (its logging,
 run folder, final save), so that one launch serves as a test's reference run and as its probe."""
 
 import json
@@ -14,7 +15,7 @@ arguments = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the
 recipe_path, report_path = arguments[:2]
 recipe = load_recipe(recipe_path)
 args = build_training_arguments(recipe)
-if "--run" in arguments:
+if "whole-run" in arguments[2:]:  # a word, not a flag: torchrun reads "--run" as its own --run-path
     from hf_tune.commands.command_line import configure_logging
     from hf_tune.commands.train import train
 

@@ -46,8 +46,8 @@ def step_losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(e["step"], e["loss"]) for e in history if "loss" in e]
 
 
-def run_to_end(recipe: Path) -> subprocess.CompletedProcess:
-    return launch.run("python", "-m", "hf_tune.run", str(recipe))
+def run_to_end(recipe: Path, base_env: dict | None = None) -> subprocess.CompletedProcess:
+    return launch.run("python", "-m", "hf_tune.run", str(recipe), base_env=base_env)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -58,10 +58,10 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.02)
 
 
-def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
+def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int, base_env: dict | None = None) -> None:
     from hf_tune.trainer.checkpoints import is_complete
 
-    proc = launch.start("python", "-m", "hf_tune.run", str(recipe))
+    proc = launch.start("python", "-m", "hf_tune.run", str(recipe), base_env=base_env)
     wait_for(lambda: is_complete(run_dir / f"checkpoint-{step}"), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -150,6 +150,9 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "grpo_empty_parquet": "data.train",
     "model_flash_attention_missing": "model.attn_implementation",
     "training_save_steps_not_multiple": "training.save_steps",
+    "training_liger_not_installed": "training.use_liger_kernel",
+    "evaluation_task_mistyped_for_best_model": "evaluation.tasks",
+    "evaluation_task_data_missing": "evaluation.tasks",
     "image_missing_file": "data.train",
     "vision_chat_missing_image": "data.train",
 }
@@ -240,6 +243,11 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
                                       "pip install flash-attn --no-build-isolation"],
     "training_save_steps_not_multiple": ["(15) is not a multiple of training.eval_steps (10)",
                                          "set training.save_steps to a multiple of 10 (e.g. 20)"],
+    "training_liger_not_installed": ["needs the liger_kernel package, which is not installed", "pip install liger-kernel"],
+    "evaluation_task_mistyped_for_best_model": ["'hf_tune_arithmtic' is not the task training.metric_for_best_model",
+                                                "did you mean 'hf_tune_arithmetic'?"],
+    "evaluation_task_data_missing": ["the lm-eval task 'house_quiz (data/task_missing_data.yaml)' reads "
+                                     "'data/house_quiz_gone.jsonl', which does not exist"],
 }
 
 CLI_CASES = ["lora_r_zero", "chat_broken_line", "training_optim_unknown"]  # also run as `python -m hf_tune.run`
@@ -255,8 +263,9 @@ def arguments(case: str, tiny_llama_dir: str, out: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", sorted(EXPECTED_KEY))
 def test_bad_input_is_one_message_naming_its_key(case, tiny_llama_dir, tmp_path, monkeypatch, capsys):
-    if case == "model_flash_attention_missing" and importlib.util.find_spec("flash_attn") is not None:
-        pytest.skip("flash-attn is installed here")
+    missing = {"model_flash_attention_missing": "flash_attn", "training_liger_not_installed": "liger_kernel"}
+    if case in missing and importlib.util.find_spec(missing[case]) is not None:
+        pytest.skip(f"{missing[case]} is installed here")
     monkeypatch.chdir(CORPUS)  # the corpus recipes name their data files relative to it
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exited:

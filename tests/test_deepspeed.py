@@ -73,8 +73,9 @@ def zero_llrd_recipe(model_dir: str, folder: Path, stage: str) -> Path:
     return path
 
 
-def deepspeed_command(recipe: Path, port: int) -> list[str]:
-    return ["deepspeed", "--num_gpus", "2", "--master_port", str(port), "--module", "hf_tune.run", str(recipe)]
+def deepspeed_command(recipe: Path) -> list[str]:
+    """``python -m hf_tune.run RECIPE`` on 2 ranks (launch.zero: torchrun starts them)."""
+    return launch.zero(2, "-m", "hf_tune.run", str(recipe))
 
 
 DEEPSPEED_ENV = {"TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
@@ -84,7 +85,7 @@ DEEPSPEED_ENV = {"TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" 
 def uninterrupted_zero_run(tmp_path_factory, tiny_llama_dir):
     """stage -> (run folder, port, finished launch, per-rank reports) of one uninterrupted 2-process run of
     ``zero_llrd_recipe``, launched once per module as ``python -m hf_tune.run`` runs it, through
-    tests/deepspeed_probe.py --run, which then reports each rank's optimizer groups and parameter storage: the
+    tests/deepspeed_probe.py whole-run, which then reports each rank's optimizer groups and parameter storage: the
     reference of the kill-and-resume tests, the full fine-tune the ZeRO-3 save test loads, and the run whose
     partitions and LLRD groups the ZeRO-3 probe test reads (one launch for the three)."""
     runs = {}
@@ -92,11 +93,11 @@ def uninterrupted_zero_run(tmp_path_factory, tiny_llama_dir):
     def run(stage: str):
         if stage not in runs:
             folder = tmp_path_factory.mktemp(f"uninterrupted-{stage}") / "run"
-            port, report = free_port(), folder.parent / "report.json"
+            report = folder.parent / "report.json"
             recipe = zero_llrd_recipe(tiny_llama_dir, folder, stage)
-            result = launch.run("deepspeed", "--num_gpus", "2", "--master_port", str(port),
-                                str(REPO / "tests" / "deepspeed_probe.py"), str(recipe), str(report), "--run",
-                                env=DEEPSPEED_ENV, timeout=900)
+            command = launch.zero(2, str(REPO / "tests" / "deepspeed_probe.py"), str(recipe), str(report), "whole-run")
+            port = int(command[command.index("--master_port") + 1])
+            result = launch.run(*command, env=DEEPSPEED_ENV, timeout=900)
             assert result.returncode == 0, result.stderr[-3000:]
             reports = [json.loads(Path(f"{report}.rank{rank}").read_text()) for rank in (0, 1)]
             runs[stage] = folder, port, result, reports
@@ -122,49 +123,71 @@ def test_two_process_zero3_full_fine_tune_saves_a_model_that_loads(tiny_llama_di
     assert any(not (p == q).all() for p, q in zip(saved.parameters(), base.parameters()))  # it trained
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_two_process_zero_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir, stage,
-                                                                                     uninterrupted_zero_run):
-    import signal
+def kill_after(recipe: Path, checkpoint: Path) -> str:
+    """Launch ``recipe`` on 2 DeepSpeed ranks and SIGKILL the launcher and both ranks once ``checkpoint`` is complete.
+    Returns what the launch printed until then."""
     import time
-
-    import torch
-    from safetensors.torch import load_file
 
     from hf_tune.trainer.checkpoints import is_complete
 
-    reference_dir, _, _, _ = uninterrupted_zero_run(stage)
-    killed = zero_llrd_recipe(tiny_llama_dir, tmp_path / "killed", stage)
-    proc = launch.start(*deepspeed_command(killed, free_port()), env=DEEPSPEED_ENV, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    while not is_complete(tmp_path / "killed" / "checkpoint-8"):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
-    proc.wait()
-    resumed = launch.run(*deepspeed_command(killed, free_port()), env=DEEPSPEED_ENV, timeout=900)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming from" in resumed.stdout + resumed.stderr
+    log = checkpoint.parent.parent / f"{checkpoint.parent.name}-killed.log"
+    with log.open("w") as out:
+        proc = launch.start(*deepspeed_command(recipe), env=DEEPSPEED_ENV, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 600
+        while not is_complete(checkpoint):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
+            time.sleep(0.05)
+        kill_tree(proc.pid)
+        proc.wait()
+    return log.read_text()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a launcher and every process under it at once (torchrun's ranks do not share its process group)."""
+    import psutil
+
+    launcher = psutil.Process(pid)
+    for process in [*launcher.children(recursive=True), launcher]:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def assert_same_as_uninterrupted(run_dir: Path, reference_dir: Path) -> None:
+    """Every step's loss and every tensor of the consolidated model, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
 
     def losses(folder):
         history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
         return [(e["step"], e["loss"]) for e in history if "loss" in e]
 
-    assert len(losses(tmp_path / "killed")) == 16 and losses(tmp_path / "killed") == losses(reference_dir)
-    mine, theirs = load_file(tmp_path / "killed" / "model.safetensors"), load_file(reference_dir / "model.safetensors")
+    assert len(losses(run_dir)) == 16 and losses(run_dir) == losses(reference_dir)
+    mine, theirs = load_file(run_dir / "model.safetensors"), load_file(reference_dir / "model.safetensors")
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
 @pytest.mark.slow
-def test_two_process_zero2_sigterm_to_one_rank_saves_that_step_and_resumes_to_the_same_run(tmp_path, tiny_llama_dir,
-                                                                                            uninterrupted_zero_run):
-    """SIGTERM to rank 1 alone as step 6 begins (saves every 4): both ranks write their ZeRO shards of checkpoint-6
-    and exit 75 (training.enable_jit_checkpoint, on by default); the rerun matches the uninterrupted run."""
-    import torch
-    from safetensors.torch import load_file
+def test_two_process_zero3_with_llrd_killed_and_resumed_matches_the_uninterrupted_run(tmp_path, tiny_llama_dir,
+                                                                                      uninterrupted_zero_run):
+    reference_dir, _, _, _ = uninterrupted_zero_run("zero3")
+    killed = zero_llrd_recipe(tiny_llama_dir, tmp_path / "killed", "zero3")
+    kill_after(killed, tmp_path / "killed" / "checkpoint-8")
+    resumed = launch.run(*deepspeed_command(killed), env=DEEPSPEED_ENV, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from" in resumed.stdout + resumed.stderr
+    assert_same_as_uninterrupted(tmp_path / "killed", reference_dir)
 
+
+@pytest.mark.slow
+def test_two_process_zero2_sigterm_to_one_rank_then_a_kill_resume_to_the_uninterrupted_run(tmp_path, tiny_llama_dir,
+                                                                                           uninterrupted_zero_run):
+    """SIGTERM to rank 1 alone as step 6 begins (saves every 4): both ranks write their ZeRO shards of checkpoint-6
+    and exit 75 (training.enable_jit_checkpoint, on by default). The rerun resumes from checkpoint-6 and is killed
+    (SIGKILL, launcher and ranks) once checkpoint-12 is complete; the third launch resumes from checkpoint-12 and
+    ends bit-identical to the uninterrupted run, LLRD groups and all (one run for the signal and the kill)."""
     from hf_tune.errors import EXIT_PREEMPTED
     from hf_tune.trainer.checkpoints import is_complete
 
@@ -177,17 +200,13 @@ def test_two_process_zero2_sigterm_to_one_rank_saves_that_step_and_resumes_to_th
         [EXIT_PREEMPTED] * 2, stopped.stderr[-3000:]
     assert is_complete(run_dir / "checkpoint-6") and len(list((run_dir / "checkpoint-6").rglob("*optim_states.pt"))) == 2
     assert not json.loads((run_dir / "run.json").read_text())["end_time"]
-    resumed = launch.run(*deepspeed_command(recipe, free_port()), env=DEEPSPEED_ENV, timeout=900)
+    killed = kill_after(recipe, run_dir / "checkpoint-12")
+    assert "checkpoint-6" in killed.split("Resuming from", 1)[1][:300]
+    assert not (run_dir / "model.safetensors").exists()
+    resumed = launch.run(*deepspeed_command(recipe), env=DEEPSPEED_ENV, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "checkpoint-6" in (resumed.stdout + resumed.stderr).split("Resuming from", 1)[1][:300]
-
-    def losses(folder):
-        history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
-        return [(e["step"], e["loss"]) for e in history if "loss" in e]
-
-    assert len(losses(run_dir)) == 16 and losses(run_dir) == losses(reference_dir)
-    mine, theirs = load_file(run_dir / "model.safetensors"), load_file(reference_dir / "model.safetensors")
-    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert "checkpoint-12" in (resumed.stdout + resumed.stderr).split("Resuming from", 1)[1][:300]
+    assert_same_as_uninterrupted(run_dir, reference_dir)
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])

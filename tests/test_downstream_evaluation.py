@@ -221,6 +221,19 @@ def test_hf_tune_eval_of_a_checkpoint_equals_the_in_process_score_and_refuses_in
         evaluate_run(run_dir, checkpoint=99)
 
 
+def test_hf_tune_eval_with_a_mistyped_task_stops_before_any_model_loads(scored_run, monkeypatch, capsys):
+    import hf_tune.commands.chat as chat
+    from hf_tune.commands.cli import main
+
+    run_dir, _, _ = scored_run
+    monkeypatch.setattr(chat, "load_trained", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as stopped:
+        main(["eval", str(run_dir), "--tasks", "hf_tune_arithmtic"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err, err
+    assert "--tasks: 'hf_tune_arithmtic' is not an lm-eval task; did you mean 'hf_tune_arithmetic'?" in err, err
+
+
 @pytest.mark.slow
 def test_eval_watch_scores_each_checkpoint_of_a_run_in_progress_and_report_plots_them(tmp_path, tiny_llama_dir):
     from conftest import write_recipe

@@ -464,7 +464,7 @@ def test_two_process_deepspeed_dpo_with_lora_trains_the_whole_adapter(tmp_path, 
     recipe.write_text(yaml.safe_dump(raw))
     env = {"HF_TUNE_CACHE": str(tmp_path / "cache"),
            "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
-    result = launch.run(*launch.deepspeed(2, "--module", "hf_tune.run", str(recipe)), env=env, timeout=900)
+    result = launch.run(*launch.zero(2, "-m", "hf_tune.run", str(recipe)), env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert step_losses(tmp_path / "run")[0][1] == pytest.approx(math.log(2), abs=1e-5)  # both ranks: the reference
     adapter = load_file(tmp_path / "run" / "adapter_model.safetensors")

@@ -241,7 +241,7 @@ def test_deepspeed_zero2_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(json.dumps(raw))  # JSON is YAML
     report_path = tmp_path / "report.json"
-    result = launch.run(*launch.deepspeed(1, str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path),
+    result = launch.run(*launch.zero(1, str(REPO / "tests" / "deepspeed_probe.py"), str(recipe_path),
                                           str(report_path)), env=launch.TORCH_EXTENSIONS)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(report_path.read_text())

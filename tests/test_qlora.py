@@ -108,7 +108,7 @@ def test_two_process_zero3_qlora_partitions_the_4bit_weights_and_saves_a_reloada
     raw["model"]["dtype"] = "float32"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    result = launch.run(*launch.deepspeed(2, str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
+    result = launch.run(*launch.zero(2, str(REPO / "tests" / "qlora_zero3_probe.py"), str(recipe),
                                           str(tmp_path / "report")), env=launch.TORCH_EXTENSIONS, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]

@@ -55,7 +55,7 @@ def test_two_bases_of_one_architecture_never_share_an_entry_under_zero3(tmp_path
             recipes.append(tmp_path / f"{identity}-{run}.yaml")
             recipes[-1].write_text(yaml.safe_dump(raw))
         phases.append(",".join([identity, str(cache), *map(str, recipes)]))
-    result = launch.run(*launch.deepspeed(2, str(REPO / "tests" / "reference_cache_probe.py"),
+    result = launch.run(*launch.zero(2, str(REPO / "tests" / "reference_cache_probe.py"),
                                           str(tmp_path / "report"), *phases), env=launch.TORCH_EXTENSIONS, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"report.rank{rank}").read_text()) for rank in (0, 1)]

@@ -4,6 +4,7 @@ link of an fsspec chain and in query strings."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -56,3 +57,40 @@ def test_urls_without_credentials_are_printed_as_they_are(capsys):
         with user_errors(debug=False):
             raise HfTuneError(f"cannot open {plain}")
     assert plain in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, tiny_llama_dir, mlflow_server,
+                                                                      monkeypatch, capfd, caplog):
+    """A tracking URI with a password, secrets in the environment the trackers and storage read, one on the command
+    line: a LoRA run with checkpoints, logged to a real MLflow server, then grepped whole (every file of its run
+    folder, its MLflow params and tags, everything printed and logged)."""
+    import sys
+
+    from mlflow import MlflowClient
+
+    from hf_tune import train
+
+    secrets = {"uri": "Pl4ntedUriPassw0rd", "HF_TOKEN": "hf_" + "Pl4nted" * 5, "AWS_SECRET_ACCESS_KEY": "Pl4ntedAws",
+               "WANDB_API_KEY": "Pl4ntedWandb", "MLFLOW_TRACKING_PASSWORD": "Pl4ntedMlflow", "argv": "Pl4ntedArgv"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.replace("://", f"://hf_tune:{secrets['uri']}@"))
+    for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(name, secrets[name])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", ["hf_tune.run", "recipe.yaml",
+                                      f"tracking.note=s3://key:{secrets['argv']}@bucket/x"])
+    run_dir = tmp_path / "run"
+    raw = chat_recipe(tiny_llama_dir, run_dir, max_steps=2, report_to="mlflow", save_strategy="steps", save_steps=1)
+    raw["lora"] = {"r": 2, "target_modules": ["q_proj"]}
+    raw["tracking"] = {"project": "planted-secrets"}
+    with caplog.at_level(logging.INFO):
+        train(load_recipe(raw))
+    printed = capfd.readouterr()
+    assert (run_dir / "checkpoint-2" / "adapter_model.safetensors").is_file() and (run_dir / "mlflow_run_id").is_file()
+    written = {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    client = MlflowClient(mlflow_server)
+    run = client.search_runs([client.get_experiment_by_name("planted-secrets").experiment_id])[0]
+    logged = json.dumps({**run.data.params, **run.data.tags})
+    for what, secret in secrets.items():
+        assert not [name for name, data in written.items() if secret.encode() in data], what
+        assert secret not in printed.out + printed.err + caplog.text + logged, what

@@ -21,6 +21,7 @@ CASES = [  # argv, the message's key part
     (["cv", "recipe.yaml", "--folds", "1"], "argument --folds: must be 2 or more, got 1"),
     (["eval", "runs/x", "--interval", "0"], "argument --interval: must be above 0, got 0"),
     (["eval", "runs/x", "--limit", "-1"], "argument --limit: must be above 0, got -1"),
+    (["eval", "runs/x", "--watch", "--wait", "-5"], "argument --wait: must be at least 0, got -5"),
     (["eval", "runs/x", "--checkpoint", "-3"], "argument --checkpoint: must be 0 or more, got -3"),
     (["chat", "runs/x", "--top-p", "1.5"], "argument --top-p: must be above 0 and at most 1, got 1.5"),
     (["chat", "runs/x", "--temperature", "-1"], "argument --temperature: must be at least 0, got -1"),

@@ -40,6 +40,14 @@ def torchrun(ranks: int, recipe: Path) -> subprocess.CompletedProcess:
     return result
 
 
+def one_process(recipe: Path) -> subprocess.CompletedProcess:
+    """A run on one process without a launcher (as ``python -m hf_tune.run`` runs it), one CPU thread as each rank
+    of the 2-rank launches has: the same kernels on the same shapes."""
+    result = launch.run("python", "tests/resume_probe.py", str(recipe), threads=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def resumed_from(reference: Path, run_dir: Path) -> None:
     """``run_dir`` as a kill right after ``checkpoint-SAVE`` leaves it: that checkpoint, and what the ranks had
     recorded of the examples they trained on up to it."""
@@ -51,14 +59,15 @@ def resumed_from(reference: Path, run_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_llama_dir) -> dict:
-    """Uninterrupted references on 2 ranks (accumulation 1) and on 1 rank (accumulation 2), and each one's
-    checkpoint-4 resumed on the other world size with the recipe's accumulation left as it was."""
+    """Uninterrupted references on 2 ranks (accumulation 1) and on 1 process (accumulation 2), and each one's
+    checkpoint-4 resumed on the other world size with the recipe's accumulation left as it was (the 1-process runs
+    without a launcher: a 2-rank checkpoint resumed by a plain ``python -m hf_tune.run``)."""
     folder = tmp_path_factory.mktemp("world-size")
     out = {name: folder / name for name in ("two", "one", "two_to_one", "one_to_two")}
     torchrun(2, recipe_file(folder, tiny_llama_dir, out["two"], 1))
-    torchrun(1, recipe_file(folder, tiny_llama_dir, out["one"], 2))
+    one_process(recipe_file(folder, tiny_llama_dir, out["one"], 2))
     resumed_from(out["two"], out["two_to_one"])
-    logs = {"two_to_one": torchrun(1, recipe_file(folder, tiny_llama_dir, out["two_to_one"], 1)).stderr}
+    logs = {"two_to_one": one_process(recipe_file(folder, tiny_llama_dir, out["two_to_one"], 1)).stderr}
     resumed_from(out["one"], out["one_to_two"])
     logs["one_to_two"] = torchrun(2, recipe_file(folder, tiny_llama_dir, out["one_to_two"], 2)).stderr
     return {**out, "logs": logs}

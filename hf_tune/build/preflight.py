@@ -61,7 +61,7 @@ def _check_model_source(recipe: Recipe) -> None:
             logger.warning("%s: the Hub is unreachable and the model is not in the local cache; validate and plan "
                            "read hf_tune's copy of its config.json, training needs its files", name)
             return
-        raise RecipeError(key, f"{_offline_reason()} and {name!r} is not in the local Hub cache", fix=OFFLINE_MODEL_FIX)
+        raise RecipeError(key, f"{offline_reason()} and {name!r} is not in the local Hub cache", fix=OFFLINE_MODEL_FIX)
 
 
 def _check_hub_datasets(recipe: Recipe) -> None:
@@ -77,7 +77,7 @@ def _check_hub_datasets(recipe: Recipe) -> None:
                 _refuse_hub_problem(hub_repo_problem(source.path, "dataset", source.revision), f"{key}.path",
                                     f"{key}.revision")
             elif not dataset_is_cached(source.path):
-                raise RecipeError(f"{key}.path", f"{_offline_reason()} and the Hub dataset {source.path!r} is not in "
+                raise RecipeError(f"{key}.path", f"{offline_reason()} and the Hub dataset {source.path!r} is not in "
                                   "the datasets cache", fix=OFFLINE_DATASET_FIX)
         except RecipeError as err:
             problems.append(err)
@@ -98,10 +98,10 @@ def _check_evaluation_tasks(recipe: Recipe) -> None:
     if recipe.evaluation.tasks and importlib.util.find_spec("lm_eval") is not None:
         from hf_tune.evaluation.task_sources import check_task_sources
 
-        check_task_sources(recipe.evaluation.tasks, lambda: None if hub_is_reachable() else _offline_reason())
+        check_task_sources(recipe.evaluation.tasks, lambda: None if hub_is_reachable() else offline_reason())
 
 
-def _offline_reason() -> str:
+def offline_reason() -> str:
     return "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else f"the Hub ({constants.ENDPOINT}) is unreachable"
 
 

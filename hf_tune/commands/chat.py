@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 
-from hf_tune.lifecycle import run_folder
+from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.errors import HfTuneError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: the dtype the checkpoint was saved in
@@ -48,15 +48,12 @@ def load_trained(run_dir: str | Path, device: str | None = None, dtype: str | No
     if dtype not in DTYPES:
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     kwargs = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
-    if (run_dir / run_folder.ADAPTER_CONFIG).is_file():
+    if open_run(run_dir, needs=("tokenizer",)).weights() == "adapter":
         from peft import AutoPeftModelForCausalLM
 
         model = AutoPeftModelForCausalLM.from_pretrained(run_dir, **kwargs)
-    elif (run_dir / run_folder.MODEL_CONFIG).is_file():
-        model = AutoModelForCausalLM.from_pretrained(run_dir, **kwargs)
     else:
-        raise HfTuneError(f"{run_dir}: no adapter_config.json or config.json here\n  fix: pass a finished run folder "
-                          "(the training.output_dir of a run)")
+        model = AutoModelForCausalLM.from_pretrained(run_dir, **kwargs)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(run_dir)
 
 

@@ -228,6 +228,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--checkpoint", type=whole(0), default=None, metavar="N", help="score checkpoint-N (complete ones only)"),
         option("--watch", action="store_true", help="score each complete checkpoint as it appears, until the run ends"),
         option("--interval", type=number(0, low_open=True), default=10.0, help="seconds between looks for new checkpoints (--watch)"),
+        option("--wait", type=number(0), default=600.0, help="seconds to wait for RUN_DIR to appear (--watch started "
+               "before the run); a path whose parent does not exist is refused at once"),
         option("--tasks", default=None, help="comma-separated lm-eval tasks or task YAMLs (default: the recipe's)"),
         option("--limit", type=number(0, low_open=True), default=None, help="examples per task (a fraction if < 1)"),
         option("--num-fewshot", type=whole(0), default=None), option("--batch-size", type=whole(1), default=None),

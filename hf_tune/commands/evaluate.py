@@ -10,23 +10,20 @@ import logging
 import time
 from pathlib import Path
 
-import yaml
-
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.lifecycle import run_folder
+from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.recipe.schema import EvaluationSection
 from hf_tune.trainer.checkpoints import checkpoints, is_complete
 
 logger = logging.getLogger(__name__)
+WAIT_TO_APPEAR_S = 600.0  # --watch of a run folder not there yet: how long it may take to appear
 
 
 def evaluation_of(run_dir: Path, tasks: list[str] | None = None, **options) -> EvaluationSection:
     """The tasks to score: ``tasks`` (and ``options``: limit, num_fewshot, batch_size, apply_chat_template) over the
     run's own ``evaluation`` section (its resolved ``recipe.yaml``)."""
-    recipe_file = run_dir / run_folder.RECIPE
-    section = {}
-    if recipe_file.is_file():
-        section = (yaml.safe_load(recipe_file.read_text()) or {}).get("evaluation") or {}
+    section = (open_run(run_dir).recipe(required=False).get("evaluation") or {}) if run_dir.is_dir() else {}
     section = {k: v for k, v in section.items() if k in ("tasks", "limit", "num_fewshot", "batch_size",
                                                           "apply_chat_template")}
     section.update({k: v for k, v in options.items() if v is not None})
@@ -61,22 +58,27 @@ def record(run_dir: Path, checkpoint: Path | None, scores: dict[str, float], sec
 
 
 def scored_checkpoints(run_dir: Path) -> set[str]:
-    path = run_dir / run_folder.WATCHED_SCORES
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return {json.loads(line)["checkpoint"] for line in lines if line.strip()}
+    return {line.get("checkpoint") for line in open_run(run_dir).jsonl(run_folder.WATCHED_SCORES)}
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: int | None = None, watch: bool = False, interval: float = 10.0,
                  device: str | None = None, dtype: str | None = None, tasks: list[str] | None = None,
-                 **options) -> list[dict]:
+                 wait: float = WAIT_TO_APPEAR_S, **options) -> list[dict]:
     """Score a run (its final model), one complete checkpoint, or (``watch``) each complete checkpoint until the
-    run is finished and every one is scored. Returns the lines written."""
+    run is finished and every one is scored; a watched run folder that does not exist yet (the watcher started
+    before the run) is waited for ``wait`` seconds. Returns the lines written."""
     from hf_tune.evaluation.harness import build_harness
 
     run_dir = Path(run_dir)
+    if watch:
+        _wait_to_appear(run_dir, wait, interval)
+    if watch or checkpoint is not None or run_dir.exists() or _looks_like_a_path(str(run_dir)):
+        open_run(run_dir)  # a folder that does not exist is named now, not watched forever
     if watch and checkpoint is not None:
         raise HfTuneError("hf-tune eval: --checkpoint and --watch exclude each other\n  fix: pass one of them")
-    harness = build_harness(evaluation_of(run_dir, tasks, **options))
+    section = evaluation_of(run_dir, tasks, **options)
+    _check_tasks(section.tasks, from_flag=bool(tasks))
+    harness = build_harness(section)
     if watch:
         return watch_run(run_dir, harness, interval, device, dtype)
     folder = run_dir if checkpoint is None else run_dir / f"checkpoint-{checkpoint}"
@@ -117,6 +119,7 @@ def eval_command(args) -> None:
     """``hf-tune eval``'s arguments to ``evaluate_run``; each scored line printed as JSON."""
     tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
     lines = evaluate_run(args.run_dir, checkpoint=args.checkpoint, watch=args.watch, interval=args.interval,
+                         wait=args.wait,
                          device=args.device, dtype=args.dtype, tasks=tasks, limit=args.limit,
                          num_fewshot=args.num_fewshot, batch_size=args.batch_size,
                          apply_chat_template=args.apply_chat_template)
@@ -137,6 +140,43 @@ def _load_named(name: str, device: str | None, dtype: str | None):
     dtype = dtype or default_dtype(device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     return model.to(device).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def _wait_to_appear(run_dir: Path, wait: float, interval: float) -> None:
+    """A run folder that is not there yet: waited for ``wait`` seconds where its parent exists, refused at once where
+    the parent does not (a mistyped path never appears)."""
+    if run_dir.exists():
+        return
+    if not run_dir.parent.is_dir():
+        raise HfTuneError(f"{run_dir}: no such folder, nor its parent {run_dir.parent}\n  fix: pass the "
+                          "training.output_dir of a run")
+    logger.info("waiting up to %g s for %s to appear (the run has not started yet)", wait, run_dir)
+    deadline = time.monotonic() + wait
+    while not run_dir.exists():
+        if time.monotonic() >= deadline:
+            raise HfTuneError(f"{run_dir}: did not appear within {wait:g} s\n  fix: start the run whose "
+                              "training.output_dir it is, or pass --wait with more seconds")
+        time.sleep(min(interval, 0.5))
+
+
+def _check_tasks(tasks: list[str], from_flag: bool) -> None:
+    """Every task is known and its examples can be read, before any model loads (the recipe's own tasks were
+    checked when it trained; they are named by their recipe key, the flag's by ``--tasks``)."""
+    from hf_tune.build.preflight import offline_reason
+    from hf_tune.evaluation.task_sources import check_task_sources
+    from hf_tune.runtime.network import hub_is_reachable
+
+    try:
+        check_task_sources(tasks, lambda: None if hub_is_reachable() else offline_reason())
+    except RecipeError as err:
+        if not from_flag:
+            raise
+        raise HfTuneError(f"--tasks: {err.problem}" + (f"\n  fix: {err.fix}" if err.fix else "")) from None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name that no Hub id or ``embedded:`` name can be: it starts with ``.``, ``/`` or ``~``, or has two ``/``."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
 def _finished(run_dir: Path) -> bool:

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from hf_tune.lifecycle import run_folder
 from hf_tune.build.decisions import ran
 from hf_tune.build.run_build import Run, build_run
-from hf_tune.trainer.checkpoints import resume_checkpoint
+from hf_tune.trainer.checkpoints import refuse_a_checkpoint_with_nothing_left, resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
 from hf_tune.trainer.callback_lookup import callback_of
 from hf_tune.trainer.rollback import StepSkips, earlier_rollbacks, skipped_batches, train_with_rollbacks
@@ -47,6 +47,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
         fitted = fit_world_size(recipe, args, Path(resume))
         if fitted is not recipe:
             recipe, args = fitted, build_training_arguments(fitted)
+        refuse_a_checkpoint_with_nothing_left(Path(resume), args.max_steps)
     # torch.profiler over the recipe's profiled steps, into RUN_DIR/profile/
     profiler = [StepProfiler(recipe.profile, profile_dir(run_dir))] if recipe.profile is not None else []
     run = build_run(recipe, args, callbacks=[*profiler, *callbacks])  # bad data or a bad model fails here, before anything is written

@@ -37,7 +37,7 @@ def task_configs(tasks: list[str]) -> dict[str, dict]:
         index = TaskManager().task_index
         for name in names:
             if name not in index:
-                hint = did_you_mean(name, index)
+                hint = did_you_mean(name, [*shipped, *index])
                 raise RecipeError("evaluation.tasks", f"{name!r} is not an lm-eval task" + (f"; {hint}" if hint else ""),
                                   fix="`lm-eval ls tasks` lists them; or give the path of a task YAML")
             configs[name] = dict(index[name].cfg or {})
@@ -45,9 +45,12 @@ def task_configs(tasks: list[str]) -> dict[str, dict]:
 
 
 def check_task_sources(tasks: list[str], offline_reason: Callable[[], str | None]) -> None:
-    """Every task is known; offline (``offline_reason()`` says why, None when online), every task's examples are
-    local or in the datasets cache."""
-    for task, config in task_configs(tasks).items():
+    """Every task is known and its local data files exist; offline (``offline_reason()`` says why, None when
+    online), every task's examples are local or in the datasets cache."""
+    configs = task_configs(tasks)
+    for task, config in configs.items():
+        _check_data_files(task, config)
+    for task, config in configs.items():
         if "custom_dataset" in config:
             continue
         path = config.get("dataset_path")
@@ -63,3 +66,17 @@ def check_task_sources(tasks: list[str], offline_reason: Callable[[], str | None
         if not dataset_is_cached(str(path)):
             raise RecipeError("evaluation.tasks", f"{reason}, and the lm-eval task {task!r} reads the Hub dataset "
                               f"{path!r}, which is not in the datasets cache", fix=OFFLINE_TASK_FIX)
+
+
+def _check_data_files(task: str, config: dict) -> None:
+    """A task's local ``dataset_kwargs.data_files`` exist (lm-eval reads them only when the task is first scored, after
+    training began)."""
+    files = (config.get("dataset_kwargs") or {}).get("data_files")
+    named = files.values() if isinstance(files, dict) else [files]
+    for entry in named:
+        for file in [entry] if isinstance(entry, str) else list(entry or []):
+            if isinstance(file, str) and "://" not in file and not any(c in file for c in "*?[") \
+                    and not Path(file).expanduser().exists():
+                raise RecipeError("evaluation.tasks", f"the lm-eval task {task!r} reads {file!r}, which does not "
+                                  "exist", fix="fix dataset_kwargs.data_files in the task YAML (a path relative to "
+                                  "the folder the run starts in, or an absolute one)")

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hf_tune.lifecycle import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.lineage import flat_lineage
-from hf_tune.lifecycle.report import series, training_state, watched_scores
+from hf_tune.lifecycle.report import series, watched_scores
+from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.search.backend import STUDY_JSON, read_study_trials, study_backend, trial_folder_name
 
 IGNORED_KEYS = ("training.output_dir",)  # differs between any two runs; the row's name says it
@@ -54,20 +53,18 @@ def collect_runs(paths: list[str | Path]) -> list[ComparedRun]:
 
 
 def _run_folder(path: Path) -> ComparedRun:
-    manifest = json.loads((path / run_folder.MANIFEST).read_text()) if (path / run_folder.MANIFEST).is_file() else {}
-    recipe = manifest.get("recipe") or yaml.safe_load((path / run_folder.RECIPE).read_text())
+    run = open_run(path)
+    manifest = run.manifest(required=False)
+    recipe = manifest.get("recipe") or run.recipe()
     metrics = dict(manifest.get("metrics") or {})
     for name in run_folder.RESULTS:  # a run still in progress has no final metrics in run.json yet
-        if not metrics and (path / name).is_file():
-            metrics.update(json.loads((path / name).read_text()))
-    watched = watched_scores(path)  # hf-tune eval's scores of the newest checkpoint it scored
+        if not metrics:
+            metrics.update(run.json(name, required=False) or {})
+    watched = watched_scores(run)  # hf-tune eval's scores of the newest checkpoint it scored
     metrics.update(max(watched, key=lambda line: line["step"]) if watched else {})
     metrics.pop("step", None)
     curves = {}
-    try:
-        history = json.loads(training_state(path).read_text())["log_history"]
-    except HfTuneError:
-        history = []
+    history = run.trainer_state(required=False).get("log_history", [])
     for key in ("loss", "eval_loss"):
         by_step = dict(zip(*series(history, key)))  # the final evaluate() repeats the last step's eval: once
         if by_step:
@@ -86,11 +83,10 @@ def _study_trials(study_dir: Path) -> list[ComparedRun]:
         folder = study_dir / trial_folder_name(trial.number)
         values = {**trial.values, "state": trial.state}
         curves = {trial.curve[0]: (trial.curve[1], trial.curve[2])} if trial.curve else {}
-        states = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-        if states:
-            loss = series(json.loads(states[-1].read_text())["log_history"], "loss")
-            if loss[0]:
-                curves["loss"] = loss
+        loss = series(open_run(folder).trainer_state(required=False).get("log_history", []), "loss") \
+            if folder.is_dir() else ([], [])
+        if loss[0]:
+            curves["loss"] = loss
         recipe = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in trial.params.items()}
         runs.append(ComparedRun(f"{folder}" + (f" ({trial.study_name})" if several else ""), recipe, values, curves))
     if not runs:

@@ -14,6 +14,7 @@ from hf_tune.errors import HfTuneError
 from hf_tune.model.merge import (CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas,
                                  write_merged_shards)
 from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
+from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.lifecycle.model_card import base_model_id, render_model_card, run_class_labels
 from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.lifecycle.hub.hub_is_reachable, as before)
 from hf_tune.catalog.tasks import Task, task_of
@@ -51,10 +52,7 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
 
     import torch
 
-    run_dir = Path(run_dir)
-    if not (run_dir / run_folder.ADAPTER_CONFIG).is_file():
-        raise HfTuneError(f"{run_dir}: no adapter_config.json: only a LoRA run has an adapter to merge\n"
-                          "  fix: pass the output_dir of a run whose recipe has a lora section")
+    run_dir = open_run(run_dir, needs=("adapter", "tokenizer")).path
     quantization = _run_quantization(run_dir)
     if dtype not in MERGE_CHECK_TOLERANCE:
         if quantization and dtype.lower() in QUANTIZED_DTYPES:
@@ -94,10 +92,7 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
 
 def _recipe_model(run_dir: Path) -> dict:
     """The run's recipe ``model`` section ({} for a folder without recipe.yaml)."""
-    import yaml
-
-    recipe = run_dir / run_folder.RECIPE
-    return yaml.safe_load(recipe.read_text())["model"] if recipe.is_file() else {}
+    return open_run(run_dir).recipe(required=False).get("model") or {}
 
 
 def _run_quantization(run_dir: Path) -> dict | None:
@@ -108,7 +103,7 @@ def _shard_plan(run_dir: Path, task: Task, vocab_size: int | None):
     """The merge by shard's plan (hf_tune.model.merge), or None, with the reason logged, where PEFT's whole-model
     merge must run instead: another task, a GGUF or .bin base, a LoRA variant (DoRA, modules_to_save, ...)."""
     model = _recipe_model(run_dir)
-    adapter = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
+    adapter = open_run(run_dir).adapter_config()
     base, revision = adapter.get("base_model_name_or_path") or "", model.get("revision") or adapter.get("revision")
     try:
         if not task.merges_by_shard:
@@ -117,9 +112,8 @@ def _shard_plan(run_dir: Path, task: Task, vocab_size: int | None):
             raise CannotStream(f"model.gguf_file {model['gguf_file']}: the base is a GGUF file, not safetensors")
         deltas = read_lora_deltas(run_dir)
         folder = base_checkpoint_folder(base, revision, model.get("subfolder"), model.get("cache_dir"))
-        adapter_config = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
         return plan_shard_merge(folder, deltas, task.model_class, bool(model.get("trust_remote_code")), vocab_size,
-                                adapter_config)
+                                adapter)
     except CannotStream as reason:
         logger.warning("Merging through PEFT, which loads base + adapter whole in float32: %s", reason)
         return None
@@ -212,13 +206,12 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
     folder is only read: a merge it lacks is made in a temporary folder. Returns the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi, get_token
 
-    run_dir = Path(run_dir)
-    if not (run_dir / run_folder.RECIPE).is_file():
-        raise HfTuneError(f"{run_dir}: not a run folder (no recipe.yaml)\n  fix: pass a training.output_dir")
+    run = open_run(run_dir, needs=("recipe", "weights", "tokenizer"))
+    run_dir = run.path
     token = token or get_token()
     if not token:
         raise HfTuneError("no Hugging Face token: export HF_TOKEN=... (or `hf auth login`), then run the push again")
-    adapter = not merged and (run_dir / run_folder.ADAPTER_CONFIG).is_file()
+    adapter = not merged and run.weights() == "adapter"
     base, base_revision = pushed_base(run_dir, base_model, adapter)
     flags = {"--merged": merged, "--private": private, f"--revision {revision}": revision,
              f"--base-model {base_model}": base_model, "--include-manifest": include_manifest,
@@ -230,7 +223,7 @@ def push(run_dir: str | Path, repo_id: str, merged: bool = False, private: bool 
             weights_dir = Path(merge(run_dir, Path(staging) / run_folder.MERGED)["merged_dir"])
         written = {"README.md": str(render_model_card(run_dir, repo_id, merged=merged, base_model=base_model)).encode()}
         if adapter:
-            config = json.loads((run_dir / run_folder.ADAPTER_CONFIG).read_text())
+            config = dict(run.adapter_config())
             config.update(base_model_name_or_path=base, revision=base_revision)
             written[run_folder.ADAPTER_CONFIG] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
         files = {**upload_plan(run_dir, weights_dir, include_manifest, include_logs), **written}
@@ -275,7 +268,6 @@ def upload_plan(run_dir: Path, weights_dir: Path, include_manifest: bool = False
 def pushed_base(run_dir: Path, base_model: str | None, adapter: bool) -> tuple[str | None, str | None]:
     """(Hub id, revision) of the base model that the upload names: ``base_model`` if given, else the recipe's Hub id
     (an embedded model's is the Hub id its weights came from). An adapter whose base others cannot load is refused."""
-    import yaml
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if base_model:
@@ -285,8 +277,8 @@ def pushed_base(run_dir: Path, base_model: str | None, adapter: bool) -> tuple[s
             raise HfTuneError(f"--base-model: {base_model!r} is not a Hub id\n  fix: name the base model as ORG/NAME, "
                               "the Hub id that others load it by") from None
         return base_model, None
-    model = yaml.safe_load((run_dir / run_folder.RECIPE).read_text())["model"]
-    name = model["pretrained_model_name_or_path"]
+    model = _recipe_model(run_dir)
+    name = model.get("pretrained_model_name_or_path") or ""
     base = base_model_id(name)
     if adapter and (base is None or model.get("gguf_file")):
         what = f"the GGUF file {model['gguf_file']} in {name}" if base else f"the local folder {name}"

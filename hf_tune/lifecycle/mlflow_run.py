@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage, run_lineage
+from hf_tune.lifecycle.redaction import redact_urls
 from hf_tune.recipe.schema import Recipe
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ def start_mlflow_run(recipe: Recipe, run_dir: Path, args=None, datasets: dict | 
             client.set_tag(run_id, key, value)
     log_new_params(client, run_id, flat_lineage(run_lineage(recipe, datasets or {})))
     mlflow.start_run(run_id=run_id)
+    if uri.startswith(("http://", "https://")) and os.environ.get("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"):
+        experiment = client.get_run(run_id).info.experiment_id  # MLflow's own link would print the password
+        logger.info("MLflow: run at %s", redact_urls(f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"))
     return run_id
 
 
@@ -82,7 +86,7 @@ def existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        run_id = json.loads((run_dir / run_folder.MLFLOW_RUN_ID).read_text()).get(uri)
+        run_id = json.loads((run_dir / run_folder.MLFLOW_RUN_ID).read_text()).get(redact_urls(uri))
     except (OSError, ValueError):
         return None
     if run_id is None:
@@ -101,7 +105,7 @@ def save_mlflow_run_id(run_dir: Path, uri: str, run_id: str) -> None:
         ids = {}
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps({**ids, uri: run_id}, indent=2))
+    staging.write_text(json.dumps({**ids, redact_urls(uri): run_id}, indent=2))  # a URI's password never written
     os.replace(staging, path)
 
 

@@ -16,6 +16,7 @@ import yaml
 from hf_tune.lifecycle import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.hub import merge, run_task
+from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.lifecycle.lineage import flat_lineage, read_lineage
 from hf_tune.lifecycle.mlflow_run import (existing_mlflow_run, log_new_params, log_run_folder_artifacts, mlflow_experiment_id,
                                 run_folder_mlflow_uri, save_mlflow_run_id)
@@ -48,12 +49,10 @@ def register(run_dir: str | Path, name: str, alias: str | None = None, tracking_
     """Log the run's model into its MLflow run (the one it trained in, from ``RUN_DIR/mlflow_run_id``, else a new run
     carrying its lineage as params), register it as a new version of ``name`` tagged with the same lineage fields,
     and point ``alias`` at it. Returns the version, its ``models:/`` URI and the MLflow run id."""
+    run_dir = open_run(run_dir, needs=("manifest", "recipe", "weights", "tokenizer")).path
     mlflow = _mlflow()
     from mlflow import MlflowClient
 
-    run_dir = Path(run_dir)
-    if not (run_dir / run_folder.MANIFEST).is_file() or not (run_dir / run_folder.RECIPE).is_file():
-        raise HfTuneError(f"{run_dir}: no run.json / recipe.yaml\n  fix: pass the output_dir of a finished run")
     uri = registry_uri(run_dir, tracking_uri)
     lineage = read_lineage(run_dir)
     flat = flat_lineage(lineage)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hf_tune.lifecycle import run_folder
-from hf_tune.trainer.checkpoints import last_complete_checkpoint
-from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle.run_reader import RunFolder, open_run
 
 
 def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -15,25 +13,12 @@ def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
-def training_state(run_dir: Path) -> Path:
-    """``trainer_state.json`` of a finished run, or of the newest complete checkpoint of a run in progress."""
-    state = run_dir / run_folder.TRAINER_STATE
-    if state.is_file():
-        return state
-    checkpoint = last_complete_checkpoint(run_dir)
-    if checkpoint is None or not (checkpoint / run_folder.TRAINER_STATE).is_file():
-        raise HfTuneError(f"{run_dir}: no trainer_state.json, and no complete checkpoint yet\n  fix: pass the "
-                          "output_dir of a run (a run in progress is reported from its newest checkpoint)")
-    return checkpoint / run_folder.TRAINER_STATE
-
-
-def watched_scores(run_dir: Path) -> list[dict]:
+def watched_scores(run_dir: str | Path | RunFolder) -> list[dict]:
     """The checkpoints' scores of ``hf-tune eval`` (``eval_scores.jsonl``) as log entries, each metric named
     ``<name> (checkpoint)`` beside the in-process ones."""
-    path = run_dir / run_folder.WATCHED_SCORES
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    return [{"step": line["step"], **{f"{k} (checkpoint)": v for k, v in line["scores"].items()}}
-            for line in lines if line.get("step") is not None]
+    run = run_dir if isinstance(run_dir, RunFolder) else open_run(run_dir)
+    return [{"step": line["step"], **{f"{k} (checkpoint)": v for k, v in (line.get("scores") or {}).items()}}
+            for line in run.jsonl(run_folder.WATCHED_SCORES) if line.get("step") is not None]
 
 
 def write_report(run_dir: str | Path) -> list[Path]:
@@ -44,8 +29,9 @@ def write_report(run_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    history = json.loads(training_state(run_dir).read_text())["log_history"] + watched_scores(run_dir)
+    run = open_run(run_dir)
+    run_dir = run.path
+    history = run.trainer_state()["log_history"] + watched_scores(run)
     eval_keys = sorted({k for e in history for k in e if k.startswith("eval_") and k not in (
         "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_downstream_runtime")})
     figures = {

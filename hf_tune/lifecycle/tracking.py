@@ -22,7 +22,7 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.errors import EXIT_PREEMPTED, RecipeError
 from hf_tune.lifecycle.mlflow_run import log_run_folder_artifacts, run_folder_mlflow_uri, start_mlflow_run
 from hf_tune.recipe.schema import Recipe
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.lifecycle.redaction import redact_secrets, url_has_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def _netrc_has(host: str) -> bool:
 
 
 TRACKER_ENV = ("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "WANDB_DIR", "WANDB_RUN_ID",
-               "WANDB_RESUME", "WANDB_MODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
+               "WANDB_RESUME", "WANDB_MODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME",
+               "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
 
 
 @contextlib.contextmanager
@@ -174,6 +175,8 @@ def configure_tracking(recipe: Recipe, run_dir: Path) -> None:
             (run_dir / run_folder.MLFLOW_DIR).mkdir(parents=True, exist_ok=True)
         if tracking.project:
             os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", tracking.project)
+        if url_has_credentials(os.environ["MLFLOW_TRACKING_URI"]):  # MLflow prints its run links to stdout whole
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 WANDB_ONLINE_MODES = ("online", "run", "shared")  # WANDB_MODE values that log to the server

@@ -134,11 +134,16 @@ def _fit(setup: ProbeSetup, ratio: float) -> tuple[tuple[Linear, Linear, Linear]
     if not weight_copies(setup):  # no tensor of a weight's size is kept: two widths fit a + b/k exactly
         factors = factors[:2]
     lengths = probe_lengths(PROBE_TOKENS, ratio)
-    figures = {(k, depth): measure(setup, probe_config(config, depth, k), lengths) for k in factors for depth in (1, 2)}
     # weight-sized buffers (three widths) do not grow with the tokens either: then every width runs twice the tokens
     doubled_at = factors if len(factors) == 3 else factors[:1]
-    doubled = {(k, depth): measure(setup, probe_config(config, depth, k), [2 * n for n in lengths])
-               for k in doubled_at for depth in (1, 2)}
+    figures, doubled = {}, {}
+    for k in factors:
+        for depth in (1, 2):  # one copy built per width and depth, stepped at each token count it is measured at
+            runs = [lengths, [2 * n for n in lengths]] if k in doubled_at else [lengths]
+            measured = measure(setup, probe_config(config, depth, k), *runs)
+            figures[k, depth] = measured[0]
+            if k in doubled_at:
+                doubled[k, depth] = measured[1]
     fits = []
     for i in range(3):  # kept, forward peak, peak
         fixed = {key: 2 * figures[key][i] - value[i] for key, value in doubled.items()}  # 2 m(T) - m(2T)
@@ -260,10 +265,11 @@ def probe_batch(lengths: list[int], vocab_size: int, padding_free: bool) -> dict
     return {"input_ids": rows, "attention_mask": mask, "labels": rows.masked_fill(mask == 0, -100)}
 
 
-def measure(setup: ProbeSetup, config, lengths: list[int], chunk_size: int | None = PROBE_CHUNK_ROWS
-            ) -> tuple[int, int, int]:
-    """(bytes held when the training forward returns, highest held through the forward, highest held through
-    forward and backward) of one micro-batch on a randomly initialised ``config`` model built as the run builds it,
+def measure(setup: ProbeSetup, config, *runs: list[int], chunk_size: int | None = PROBE_CHUNK_ROWS
+            ) -> list[tuple[int, int, int]]:
+    """For each of ``runs`` (a micro-batch's example lengths): (bytes held when the training forward returns, highest
+    held through the forward, highest held through forward and backward) of one training step on a randomly
+    initialised ``config`` model built as the run builds it (once for all the runs: each step leaves nothing behind),
     by the CPU allocator's count. The weights, and the gradients of trained ones (model states, counted apart), are
     not included. A GPU's varlen kernels (flash attention) run as ``sdpa_varlen``, as the packing probe runs them."""
     from hf_tune.model.attention import NAME, probed_attention  # importing it registers sdpa_varlen
@@ -282,8 +288,9 @@ def measure(setup: ProbeSetup, config, lengths: list[int], chunk_size: int | Non
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # PEFT asks is_gradient_checkpointing
                 model = _as_trained(model, setup)
-            batch = probe_batch(lengths, config.vocab_size, setup.padding_free)
-            return _allocated_through_step(model, batch, setup, chunk_size)
+            _drop_gradients(model)
+            return [_allocated_through_step(model, probe_batch(lengths, config.vocab_size, setup.padding_free), setup,
+                                            chunk_size) for lengths in runs]
     finally:
         torch.set_default_dtype(default_dtype)
 
@@ -382,13 +389,17 @@ def _quiet_profiler():
         os.close(saved)
 
 
+def _drop_gradients(model) -> None:
+    """A trained weight's gradient is a model state: dropped as soon as it is accumulated, so a step leaves none."""
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+
+
 def _allocated_through_step(model, batch: dict, setup: ProbeSetup, chunk_size: int | None
                             ) -> tuple[int, int, int]:
     from torch.profiler import ProfilerActivity, profile
 
-    for param in model.parameters():  # a trained weight's gradient is a model state: dropped once accumulated
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
         loss = training_loss(model, batch, setup.chunked_loss, setup.mixed_precision, chunk_size)
     kept, peak = _allocations(forward_profile, 0)

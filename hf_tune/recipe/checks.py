@@ -10,7 +10,7 @@ from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
 from hf_tune.recipe.chunked_loss_checks import check_chunked_loss
 from hf_tune.recipe.data_checks import check_sources
-from hf_tune.recipe.evaluation_tasks import check_evaluation_tasks, is_task_metric
+from hf_tune.recipe.evaluation_tasks import check_evaluation_tasks, is_task_metric, mistyped_task, shipped_tasks
 from hf_tune.catalog.methods import method_of
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
@@ -176,6 +176,7 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
         name = best.removeprefix("eval_")
         if (name != "loss" and name not in [m.removesuffix(".py").rsplit("/", 1)[-1] for m in evaluation.metrics]
                 and not is_task_metric(name, evaluation.tasks)):
+            _refuse_mistyped_task(best, evaluation.tasks)
             raise RecipeError("training.metric_for_best_model", f"{best!r} is not computed at evaluation",
                               fix=f"add {name!r} to evaluation.metrics, an lm-eval task to evaluation.tasks "
                               "(eval_<task>_<metric>), or use 'loss'")
@@ -187,12 +188,30 @@ def _check_early_stopping(recipe: Recipe, evaluating: bool) -> None:
                           "training.load_best_model_at_end: true (and greater_is_better for metrics such as accuracy)")
 
 
+def _refuse_mistyped_task(best: str, tasks: list[str]) -> None:
+    """The metric names a task close to one of evaluation.tasks: the mistyped one is blamed (a task hf_tune ships is
+    spelled right), not the metric as "not computed"."""
+    mistyped = mistyped_task(best, tasks)
+    if mistyped is None:
+        return
+    task, named = mistyped
+    shipped = shipped_tasks()
+    if task in shipped and named not in shipped:
+        raise RecipeError("training.metric_for_best_model", f"{best!r} names the task {named!r}, and "
+                          f"evaluation.tasks has {task!r}", fix=f"did you mean {best.replace(named, task, 1)!r}?")
+    raise RecipeError("evaluation.tasks", f"{task!r} is not the task training.metric_for_best_model {best!r} scores "
+                      f"({named!r})", fix=f"did you mean {named!r}?" if named in shipped else
+                      f"spell the task the same in evaluation.tasks and training.metric_for_best_model")
+
+
 # Optional integrations: the package a recipe key needs, and how to install it.
 INTEGRATIONS = {"deepspeed": ("deepspeed", "pip install 'hf_tune[deepspeed]'"),
                 "wandb": ("wandb", "pip install 'hf_tune[wandb]'"),
                 "tensorboard": ("tensorboard", "pip install 'hf_tune[tensorboard]'"),
                 "mlflow": ("mlflow", "pip install 'hf_tune[mlflow]'"),
-                "trackio": ("trackio", "pip install 'hf_tune[trackio]'")}
+                "trackio": ("trackio", "pip install 'hf_tune[trackio]'"),
+                "liger": ("liger_kernel", "pip install liger-kernel (Triton kernels: on a CUDA GPU), or remove "
+                          "training.use_liger_kernel")}
 
 
 def _check_integrations_installed(training: dict) -> None:
@@ -200,6 +219,8 @@ def _check_integrations_installed(training: dict) -> None:
     wanted = [("training.report_to", t) for t in ([targets] if isinstance(targets, str) else list(targets or []))]
     if training.get("deepspeed"):
         wanted.append(("training.deepspeed", "deepspeed"))
+    if training.get("use_liger_kernel"):
+        wanted.append(("training.use_liger_kernel", "liger"))
     for key, name in wanted:
         if name in INTEGRATIONS and importlib.util.find_spec(INTEGRATIONS[name][0]) is None:
             raise RecipeError(key, f"needs the {INTEGRATIONS[name][0]} package, which is not installed",

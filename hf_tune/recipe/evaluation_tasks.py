@@ -37,6 +37,21 @@ def is_task_metric(metric: str, tasks: list[str]) -> bool:
     return any(name.startswith(f"eval_{task_label(task)}_") for task in tasks)
 
 
+def mistyped_task(metric: str, tasks: list[str]) -> tuple[str, str] | None:
+    """(a recipe task, the task the metric names) where ``metric`` (``eval_<task>_<metric>``) is no task's score but
+    names one close to a recipe task: one of the two is mistyped."""
+    import difflib
+
+    parts = metric.removeprefix("eval_").split("_")
+    for task in tasks:
+        label = task_label(task)
+        for end in range(1, len(parts)):
+            named = "_".join(parts[:end])
+            if named != label and difflib.SequenceMatcher(None, named, label).ratio() >= 0.85:
+                return label, named
+    return None
+
+
 def read_task_yaml(path: Path) -> dict:
     """A task YAML's mapping; lm-eval's tags (``!function``) read as None."""
     loader = type("TaskYamlLoader", (yaml.SafeLoader,), {})

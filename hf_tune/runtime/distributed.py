@@ -160,12 +160,31 @@ def fit_cpu_threads(args) -> int:
     return threads
 
 
-def end_process_group() -> None:
-    """At the end of a launch, each rank closes its own process group. A rank that exits with the group's background
-    threads still running can abort at exit ("terminate called without an active exception", seen under torchrun
-    when rank 0 still wrote a study's summary). No barrier: a rank that failed never gets here, and the others must
-    not wait for it."""
+END_BARRIER_TIMEOUT_S = 300
+
+
+def end_process_group(timeout_s: float = END_BARRIER_TIMEOUT_S) -> None:
+    """At the end of a launch that succeeded, the ranks wait for each other, then each closes its process group.
+
+    Without the wait, the first rank to exit closes its sockets while a slower one still holds its group (writing the
+    model, the manifest, a study's summary), and gloo's I/O thread there aborts the process ("terminate called without
+    an active exception": exit -6 after a complete run, and the other node's launcher waits 300 s at its exit
+    barrier; seen under torchrun, one node a rank). The wait is bounded: on gloo by ``monitored_barrier``, which
+    names the ranks that never came (a rank that failed exits through its error and never gets here); the launcher
+    ends the others then."""
+    import datetime
+    import logging
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+            else:
+                dist.barrier()
+        except RuntimeError as err:  # a rank that never came: close this one's group anyway
+            logging.getLogger("hf_tune").warning("the ranks did not all reach the end of the run: %s", err)
+    dist.destroy_process_group()

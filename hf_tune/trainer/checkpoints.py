@@ -79,6 +79,33 @@ def resume_checkpoint(output_dir: Path, mode: str, restore: Callable[[Path], obj
     return str(path)
 
 
+def refuse_a_checkpoint_with_nothing_left(checkpoint: Path, max_steps: int) -> None:
+    """A checkpoint already at ``max_steps`` (a run killed after its last save, before it ended): Trainer would resume
+    it and train one step past max_steps, changing the trained model. Refused, naming the checkpoint to use."""
+    try:
+        step = json.loads((checkpoint / run_folder.TRAINER_STATE).read_text())["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # Trainer's own resume reports a checkpoint it cannot read
+    if max_steps > 0 and step >= max_steps:
+        raise RecipeError("training.max_steps", f"{checkpoint} is already at step {step} of {max_steps}: nothing is "
+                          "left to train, and resuming it would train one step more", fix=f"use {checkpoint} as the "
+                          "trained model (hf-tune chat / merge / push take a checkpoint folder), or raise "
+                          "training.max_steps to train on from it")
+
+
+def _finished(output_dir: Path) -> bool:
+    """The manifest says the run ended. One cut short (a crash while it was written) says nothing: the run resumes
+    from its newest complete checkpoint and writes it again."""
+    try:
+        manifest = json.loads((output_dir / FINISHED).read_text())
+    except FileNotFoundError:
+        return False
+    except ValueError as err:  # cut short or not JSON; a file that cannot be read at all (OSError) is raised
+        logger.warning("%s is unreadable (%s): treating the run as unfinished", output_dir / FINISHED, err)
+        return False
+    return isinstance(manifest, dict) and bool(manifest.get("end_time"))
+
+
 def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
     key = "training.resume_from_checkpoint"
     if mode not in ("auto", "never"):
@@ -87,7 +114,7 @@ def _choose_checkpoint(output_dir: Path, mode: str) -> str | None:
             raise RecipeError(key, f"{path} is not a complete hf_tune checkpoint (no {MARKER} matching its files)",
                               fix="name a checkpoint-N folder written by an hf_tune run, or use 'auto'")
         return str(path)
-    finished = (output_dir / FINISHED).is_file() and json.loads((output_dir / FINISHED).read_text()).get("end_time")
+    finished = _finished(output_dir)
     if finished:
         raise RecipeError("training.output_dir", f"{output_dir} holds a finished run",
                           fix=f"choose a new training.output_dir, or continue from one of its checkpoints with "
