@@ -28,9 +28,6 @@ demo: setup
 	$(VENV)/bin/hf-tune chat runs/llm_lora --prompt "What is the capital of Norway?"
 
 test: setup
-	# bytecode of what changed, written once: where PYTHONDONTWRITEBYTECODE is set (as on CI), each of the ~160
-	# interpreters the suite starts would otherwise compile hf_tune's modules again (about 0.4 s each)
-	$(PY) -m compileall -q hf_tune tests > /dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the GPU suite (tests/gpu, marker gpu): skipped where CUDA is unavailable
