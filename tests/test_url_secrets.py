@@ -4,6 +4,7 @@ link of an fsspec chain and in query strings."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -62,9 +63,10 @@ def test_urls_without_credentials_are_printed_as_they_are(capsys):
 @pytest.mark.slow
 def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, tiny_llama_dir, mlflow_server,
                                                                       monkeypatch, capfd, caplog):
-    """A tracking URI with a password, secrets in the environment the trackers and storage read, one on the command
-    line: a LoRA run with checkpoints, logged to a real MLflow server, then grepped whole (every file of its run
-    folder, its MLflow params and tags, everything printed and logged)."""
+    """A tracking URI with a password, training data read from a URL with a password, secrets in the environment the
+    trackers and storage read, one on the command line: a LoRA run with checkpoints, logged to a real MLflow server,
+    then grepped whole (every file of its run folder, its MLflow params and tags, everything printed and logged).
+    The checkpoint mirror, the other URL a recipe takes, refuses credentials outright (tests above)."""
     import sys
 
     from mlflow import MlflowClient
@@ -72,7 +74,8 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
     from hf_tune import train
 
     secrets = {"uri": "Pl4ntedUriPassw0rd", "HF_TOKEN": "hf_" + "Pl4nted" * 5, "AWS_SECRET_ACCESS_KEY": "Pl4ntedAws",
-               "WANDB_API_KEY": "Pl4ntedWandb", "MLFLOW_TRACKING_PASSWORD": "Pl4ntedMlflow", "argv": "Pl4ntedArgv"}
+               "WANDB_API_KEY": "Pl4ntedWandb", "MLFLOW_TRACKING_PASSWORD": "Pl4ntedMlflow", "argv": "Pl4ntedArgv",
+               "data": "Pl4ntedDataPassw0rd"}
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.replace("://", f"://hf_tune:{secrets['uri']}@"))
     for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(name, secrets[name])
@@ -83,8 +86,10 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
     raw = chat_recipe(tiny_llama_dir, run_dir, max_steps=2, report_to="mlflow", save_strategy="steps", save_steps=1)
     raw["lora"] = {"r": 2, "target_modules": ["q_proj"]}
     raw["tracking"] = {"project": "planted-secrets"}
-    with caplog.at_level(logging.INFO):
-        train(load_recipe(raw))
+    with data_served_over_http(tmp_path / "served") as host:  # the training data at a URL with a password
+        raw["data"]["train"] = {"path": "json", "data_files": f"http://reader:{secrets['data']}@{host}/train.jsonl"}
+        with caplog.at_level(logging.INFO):
+            train(load_recipe(raw))
     printed = capfd.readouterr()
     assert (run_dir / "checkpoint-2" / "adapter_model.safetensors").is_file() and (run_dir / "mlflow_run_id").is_file()
     written = {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
@@ -94,3 +99,31 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
     for what, secret in secrets.items():
         assert not [name for name, data in written.items() if secret.encode() in data], what
         assert secret not in printed.out + printed.err + caplog.text + logged, what
+
+
+@contextlib.contextmanager
+def data_served_over_http(folder):
+    """The first 24 demo chats served over HTTP on localhost (the password in a URL is the client's to send; this
+    server reads none). Yields ``host:port``."""
+    import functools
+    import http.server
+    import threading
+
+    from conftest import DATA
+
+    folder.mkdir(parents=True)
+    rows = (DATA / "chat_demo.jsonl").read_text().splitlines()[:24]
+    (folder / "train.jsonl").write_text("\n".join(rows) + "\n")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # its request lines are not the run's output
+            pass
+
+    handler = functools.partial(Quiet, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

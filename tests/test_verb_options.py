@@ -39,3 +39,23 @@ def test_an_option_out_of_range_is_one_named_error_with_nothing_written(argv, me
     assert stopped.value.code == 2 and message in err, err
     assert "Traceback" not in err and err.count("error:") == 1
     assert not list(tmp_path.iterdir())  # no recipe, no run folder
+
+
+def test_init_on_a_model_it_cannot_write_a_chat_recipe_for_names_it(tmp_path, monkeypatch, capsys):
+    """A folder without a config, an image model, an encoder: one error naming the model and what init writes."""
+    from transformers import BertConfig, ViTConfig
+
+    (tmp_path / "empty").mkdir()
+    ViTConfig().save_pretrained(tmp_path / "vit")
+    BertConfig(architectures=["BertModel"]).save_pretrained(tmp_path / "encoder")
+    monkeypatch.chdir(tmp_path)
+    for folder, said in (("empty", "no model config to read"), ("vit", "a vit model, not a causal LM"),
+                         ("encoder", "a bert model (BertModel), not a causal LM")):
+        before = sorted(tmp_path.rglob("*"))
+        with pytest.raises(SystemExit) as stopped:
+            main(["init", str(tmp_path / folder), "--gpus", "1", "--gpu-memory", "24"])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and said in err and "Traceback" not in err, err
+        assert err.count("error:") == 1 and "fix: " in err, err
+        assert folder == "empty" or "fix: start from recipes/cls_llrd.yaml" in err, err
+        assert sorted(tmp_path.rglob("*")) == before  # no recipe written

@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from hf_tune.errors import HfTuneError
+from hf_tune.errors import HfTuneError, describe_exception
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.loading import stored_in_mxfp4
-from hf_tune.model.meta import build_meta_model
+from hf_tune.model.meta import build_meta_model, config_model_class, load_model_config
 from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.commands.plan import plan_memory
@@ -125,6 +125,7 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     models: dict = {}
     described = validate_recipe({"model": {"pretrained_model_name_or_path": model},
                                  "data": {"train": {"path": stand_in or data}}})
+    causal_lm_config(model, described)
     base = build_meta_model(described)
     size, moe = sum(p.numel() for p in base.parameters()), moe_shape(base)
     mxfp4 = stored_in_mxfp4(base.config)
@@ -158,6 +159,31 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     raise HfTuneError(f"{model} ({size / 1e9:.1f}B parameters) fits no recipe on {gpus} x {gpu_memory_gb:g} GB: the "
                       f"smallest estimated peak per rank is {min(tried) / 2**30:.1f} GB\n  fix: more GPUs (--gpus), "
                       f"--tuning qlora, or a shorter --max-length")
+
+
+CAUSAL_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # a config's architectures
+
+
+def causal_lm_config(model: str, recipe):
+    """The config of the model init writes a recipe for, refused by name, before any estimate, where init cannot
+    write one: no readable config, or a model that is not a causal LM (an encoder, an image model)."""
+    try:
+        config = load_model_config(recipe)
+    except (OSError, ValueError) as err:
+        raise HfTuneError(f"{model}: no model config to read ({describe_exception(err)})\n  fix: pass a Hub id, or a "
+                          "folder holding the model's config.json (with its model_type)") from None
+    architectures = list(getattr(config, "architectures", None) or [])
+    try:
+        config_model_class(recipe, config)
+        causal = not architectures or any(name.endswith(CAUSAL_ARCHITECTURES) for name in architectures)
+    except KeyError:  # no causal LM class for this config at all
+        causal = False
+    if not causal:
+        named = f" ({', '.join(architectures)})" if architectures else ""
+        raise HfTuneError(f"{model}: a {config.model_type} model{named}, not a causal LM: init writes chat "
+                          "fine-tunes of causal LMs\n  fix: start from recipes/cls_llrd.yaml (a text classifier) or "
+                          "recipes/image_classifier.yaml (an image classifier), or pass a causal LM")
+    return config
 
 
 def reasons(tuning: str, setup: str, checkpointing: bool, tokens: int, size: float, tunings: list[str],

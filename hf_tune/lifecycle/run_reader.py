@@ -101,6 +101,12 @@ class RunFolder:
         raise HfTuneError(f"{self.path}: no trained weights here (neither {run_folder.ADAPTER_CONFIG} nor "
                           f"{run_folder.MODEL_CONFIG})\n  fix: {self._recovery('a finished run folder')}")
 
+    def task(self) -> str:
+        """The run's ``model.task`` (the default task for a folder without a recipe: a bare model folder)."""
+        from hf_tune.catalog.tasks import DEFAULT_TASK
+
+        return (self.recipe(required=False).get("model") or {}).get("task") or DEFAULT_TASK
+
     def check(self, needs: Iterable[str]) -> RunFolder:
         for need in needs:
             if need == "tokenizer":
