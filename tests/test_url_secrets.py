@@ -65,13 +65,17 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
                                                                       monkeypatch, capfd, caplog):
     """A tracking URI with a password, training data read from a URL with a password, secrets in the environment the
     trackers and storage read, one on the command line: a LoRA run with checkpoints, logged to a real MLflow server,
-    then grepped whole (every file of its run folder, its MLflow params and tags, everything printed and logged).
+    and pushed to a stand-in Hub, then grepped whole (every file of its run folder, every uploaded file, its MLflow
+    params and tags, everything printed and logged).
     The checkpoint mirror, the other URL a recipe takes, refuses credentials outright (tests above)."""
     import sys
 
+    from huggingface_hub import constants
     from mlflow import MlflowClient
 
+    from fake_hub import FakeHub
     from hf_tune import train
+    from hf_tune.lifecycle.hub import push
 
     secrets = {"uri": "Pl4ntedUriPassw0rd", "HF_TOKEN": "hf_" + "Pl4nted" * 5, "AWS_SECRET_ACCESS_KEY": "Pl4ntedAws",
                "WANDB_API_KEY": "Pl4ntedWandb", "MLFLOW_TRACKING_PASSWORD": "Pl4ntedMlflow", "argv": "Pl4ntedArgv",
@@ -79,7 +83,6 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.replace("://", f"://hf_tune:{secrets['uri']}@"))
     for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(name, secrets[name])
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(sys, "argv", ["hf_tune.run", "recipe.yaml",
                                       f"tracking.note=s3://key:{secrets['argv']}@bucket/x"])
     run_dir = tmp_path / "run"
@@ -90,9 +93,16 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
         raw["data"]["train"] = {"path": "json", "data_files": f"http://reader:{secrets['data']}@{host}/train.jsonl"}
         with caplog.at_level(logging.INFO):
             train(load_recipe(raw))
+    with FakeHub() as hub:  # and the upload: the adapter with its card, the manifest and the tracker logs too
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        with caplog.at_level(logging.INFO):
+            push(run_dir, "me/planted", base_model="org/tiny-llama", include_manifest=True, include_logs=True)
+    [commit] = hub.commits
     printed = capfd.readouterr()
     assert (run_dir / "checkpoint-2" / "adapter_model.safetensors").is_file() and (run_dir / "mlflow_run_id").is_file()
     written = {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert {"adapter_model.safetensors", "README.md", "recipe.yaml", "run.json"} <= set(commit["files"])
+    written.update({f"uploaded {name}": data for name, data in commit["files"].items()})
     client = MlflowClient(mlflow_server)
     run = client.search_runs([client.get_experiment_by_name("planted-secrets").experiment_id])[0]
     logged = json.dumps({**run.data.params, **run.data.tags})
