@@ -13,6 +13,7 @@ import pytest
 
 from conftest import chat_recipe
 from hf_tune.commands.cli import main
+from hf_tune.errors import HfTuneError
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +152,34 @@ def test_a_run_killed_after_its_last_checkpoint_is_not_trained_a_step_further(tr
     assert refused.value.key == "training.max_steps" and "checkpoint-2 is already at step 2 of 2" in str(refused.value)
     assert f"use {run / 'checkpoint-2'} as the trained model" in str(refused.value)
     assert (run / "checkpoint-2" / "adapter_model.safetensors").read_bytes() == weights and not list(run.glob("*.json"))
+
+
+def test_a_merge_that_fails_midway_leaves_the_folder_as_it_was(trained_run, tmp_path, monkeypatch):
+    """The merge writes aside and renames once whole: a disk that fills after the shards are written (simulated: the
+    one environment failure a test cannot make) leaves no partial folder, and an earlier merge stands untouched."""
+    import errno
+    import hashlib
+
+    import hf_tune.lifecycle.hub as hub
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    first = hub.merge(run)
+    assert first["merged_dir"] == str(run / "merged") and (run / "merged" / "config.json").is_file()
+    digest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run / "merged").iterdir()}
+    real = hub.write_merged_shards
+
+    def fills_the_disk(*args, **kwargs):
+        real(*args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hub, "write_merged_shards", fills_the_disk)
+    with pytest.raises(OSError, match="No space left"):
+        hub.merge(run)
+    assert sorted(p.name for p in run.iterdir() if "merged" in p.name) == ["merged"]  # no .merged.partial
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run / "merged").iterdir()} == digest
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(HfTuneError, match="exists and is not a merged model"):  # a folder of the user's: never removed
+        hub.merge(run, out=tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -50,8 +51,6 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
     model's logits with base + adapter on the task's sample inputs (``Task.check_inputs``)."""
     import shutil
 
-    import torch
-
     run_dir = open_run(run_dir, needs=("adapter", "tokenizer")).path
     quantization = _run_quantization(run_dir)
     if dtype not in MERGE_CHECK_TOLERANCE:
@@ -61,7 +60,29 @@ def merge(run_dir: str | Path, out: str | Path | None = None, dtype: str = "floa
                               "  fix: merge to float32, bfloat16 or float16 (the base is dequantized first); to serve "
                               "it quantized, load the merged model with the same quantization_config")
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {sorted(MERGE_CHECK_TOLERANCE)}")
-    out = Path(out) if out else run_dir / run_folder.MERGED
+    final = Path(out) if out else run_dir / run_folder.MERGED
+    if final.exists() and not (final / run_folder.MODEL_CONFIG).is_file():
+        raise HfTuneError(f"--out {final}: exists and is not a merged model (no config.json)\n  fix: choose a new "
+                          "folder, or remove it")
+    out = final.with_name(f".{final.name}.partial")  # written aside, renamed once whole: a failure leaves nothing
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        result = _merge_into(run_dir, out, dtype, check, quantization)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    if final.exists():
+        shutil.rmtree(final)  # an earlier merge: replaced whole
+    os.replace(out, final)
+    return {**result, "merged_dir": str(final)}
+
+
+def _merge_into(run_dir: Path, out: Path, dtype: str, check: bool, quantization: dict | None) -> dict:
+    """The merge, written to ``out``: the merged weights, the processor, the recipe and results, the check."""
+    import shutil
+
+    import torch
+
     task = run_task(run_dir)
     processor = task.processor_class.from_pretrained(run_dir)  # saved beside the adapter by Trainer
     samples = task.build_check_inputs(processor, task)
