@@ -70,7 +70,9 @@ def evaluate_run(run_dir: str | Path, checkpoint: int | None = None, watch: bool
     from hf_tune.evaluation.harness import build_harness
 
     run_dir = Path(run_dir)
-    if watch:
+    if watch and not run_dir.exists():
+        if tasks:
+            _check_tasks(tasks, from_flag=True)  # a mistyped task is said now, not once the run has started
         _wait_to_appear(run_dir, wait, interval)
     if watch or checkpoint is not None or run_dir.exists() or _looks_like_a_path(str(run_dir)):
         open_run(run_dir)  # a folder that does not exist is named now, not watched forever
