@@ -70,16 +70,19 @@ def evaluate_run(run_dir: str | Path, checkpoint: int | None = None, watch: bool
     from hf_tune.evaluation.harness import build_harness
 
     run_dir = Path(run_dir)
+    checked = False
     if watch and not run_dir.exists():
         if tasks:
             _check_tasks(tasks, from_flag=True)  # a mistyped task is said now, not once the run has started
+            checked = True
         _wait_to_appear(run_dir, wait, interval)
     if watch or checkpoint is not None or run_dir.exists() or _looks_like_a_path(str(run_dir)):
         open_run(run_dir)  # a folder that does not exist is named now, not watched forever
     if watch and checkpoint is not None:
         raise HfTuneError("hf-tune eval: --checkpoint and --watch exclude each other\n  fix: pass one of them")
     section = evaluation_of(run_dir, tasks, **options)
-    _check_tasks(section.tasks, from_flag=bool(tasks))
+    if not checked:
+        _check_tasks(section.tasks, from_flag=bool(tasks))
     harness = build_harness(section)
     if watch:
         return watch_run(run_dir, harness, interval, device, dtype)
