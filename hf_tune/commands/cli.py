@@ -101,6 +101,16 @@ def _merge(args) -> None:
               f"largest logit; tolerance {result['tolerance']:g}): ok")
 
 
+def _export(args) -> None:
+    from hf_tune.lifecycle.export import export
+
+    result = export(args.run_dir, format=args.format, quant=args.quant, out=args.out)
+    print(f"{result['gguf']}: {result['architecture']}, {result['quant']}, {result['tensors']} tensors, "
+          f"{result['bytes'] / 2**20:,.1f} MiB")
+    if "modelfile" in result:
+        print(f"{result['modelfile']}: ollama create NAME -f {result['modelfile']}")
+
+
 def _push(args) -> None:
     from hf_tune.lifecycle.hub import push
 
@@ -242,6 +252,13 @@ VERBS = {  # in the order `hf-tune --help` lists them
                "dequantized to it); the merge streams the base's safetensors shard by shard"),
         option("--check", action="store_true", help="compare merged logits with base + adapter (one model in memory "
                "at a time)"))),
+    "export": Verb(_export, "write a run as one GGUF file (llama.cpp, LM Studio) or GGUF + Modelfile (Ollama); a LoRA "
+                   "run is merged by shard first", options=(
+        RUN_DIR, option("--format", default="gguf", choices=["gguf", "ollama"]),
+        option("--quant", default="f16", choices=["f16", "bf16", "q8_0"], help="the 2-D weights' type (norms and "
+               "biases stay float32; default f16)"),
+        option("--out", default=None, help="the .gguf file (default: RUN_DIR/gguf/model-QUANT.gguf; the Modelfile "
+               "goes beside it)"))),
     "push": Verb(_push, "upload a run (adapter, or --merged model) with a model card to the Hub", options=(
         RUN_DIR, option("--repo-id", required=True, help="OWNER/NAME"),
         option("--merged", action="store_true", help="push the merged model instead of the adapter"),
