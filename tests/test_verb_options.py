@@ -26,6 +26,12 @@ CASES = [  # argv, the message's key part
     (["chat", "runs/x", "--top-p", "1.5"], "argument --top-p: must be above 0 and at most 1, got 1.5"),
     (["chat", "runs/x", "--temperature", "-1"], "argument --temperature: must be at least 0, got -1"),
     (["chat", "runs/x", "--max-new-tokens", "0"], "argument --max-new-tokens: must be 1 or more, got 0"),
+    (["generate", "runs/x", "--input", "p.jsonl", "--out", "a.jsonl", "--batch-size", "0"],
+     "argument --batch-size: must be 1 or more, got 0"),
+    (["generate", "runs/x", "--input", "p.jsonl", "--out", "a.jsonl", "--top-p", "0"],
+     "argument --top-p: must be above 0 and at most 1, got 0"),
+    (["serve", "runs/x", "--port", "70000"], "argument --port: must be from 1 to 65535, got 70000"),
+    (["export", "runs/x", "--quant", "q4_k"], "argument --quant: invalid choice: 'q4_k'"),
 ]
 
 

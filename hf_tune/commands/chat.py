@@ -48,11 +48,7 @@ def load_trained(run_dir: str | Path, device: str | None = None, dtype: str | No
     if dtype not in DTYPES:
         raise HfTuneError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     kwargs = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
-    run = open_run(run_dir, needs=("tokenizer",))
-    if run.task() != "causal_lm":
-        raise HfTuneError(f"{run_dir}: a {run.task()} run (its recipe's model.task); chat and eval talk to a causal "
-                          "LM\n  fix: pass a run whose model.task is causal_lm (a classifier or reward model is "
-                          "scored by evaluation.metrics and hf-tune compare)")
+    run = open_run(run_dir, needs=("tokenizer",)).require_causal_lm("chat and eval talk to")
     if run.weights() == "adapter":
         from peft import AutoPeftModelForCausalLM
 

@@ -111,6 +111,22 @@ def _export(args) -> None:
         print(f"{result['modelfile']}: ollama create NAME -f {result['modelfile']}")
 
 
+def _generate(args) -> None:
+    from hf_tune.commands.generate import generate_file
+
+    result = generate_file(args.run_dir, args.input, args.out, batch_size=args.batch_size,
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           seed=args.seed, device=args.device, dtype=args.dtype)
+    print(f"{result['out']}: {result['answers']} answers"
+          + (f" (the first {result['resumed_after']} kept from an interrupted run)" if result["resumed_after"] else ""))
+
+
+def _serve(args) -> None:
+    from hf_tune.commands.serve import serve
+
+    serve(args.run_dir, host=args.host, port=args.port, device=args.device, dtype=args.dtype)
+
+
 def _push(args) -> None:
     from hf_tune.lifecycle.hub import push
 
@@ -203,6 +219,14 @@ class Verb:
 
 
 RUN_DIR = option("run_dir")
+DEVICE = option("--device", default=None, help="default: cuda if available, else mps, else cpu")
+DTYPE = option("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
+               help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype")
+GENERATION = (  # chat's and generate's
+    option("--max-new-tokens", type=whole(1), default=128),
+    option("--temperature", type=number(0), default=0.0, help="0 (default): greedy; above 0: sampled"),
+    option("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling (with --temperature above 0)"),
+    option("--seed", type=whole(0), default=None, help="makes sampled replies repeatable"))
 TRACKING_URI = "default: MLFLOW_TRACKING_URI"
 VERBS = {  # in the order `hf-tune --help` lists them
     "train": Verb(_train, "train from a recipe (same as python -m hf_tune.run)", True),
@@ -259,6 +283,16 @@ VERBS = {  # in the order `hf-tune --help` lists them
                "biases stay float32; default f16)"),
         option("--out", default=None, help="the .gguf file (default: RUN_DIR/gguf/model-QUANT.gguf; the Modelfile "
                "goes beside it)"))),
+    "generate": Verb(_generate, "answer a JSONL file of prompts in batches (greedy by default: chat's answers)",
+                     options=(
+        RUN_DIR, option("--input", required=True, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line"),
+        option("--out", required=True, help="JSONL: each input line plus \"answer\" (a rerun continues an "
+               "interrupted one)"),
+        option("--batch-size", type=whole(1), default=8), *GENERATION, DEVICE, DTYPE)),
+    "serve": Verb(_serve, "an OpenAI-compatible server of a run (vLLM with the adapter where installed on a GPU, "
+                  "else transformers serve on the merged model)", options=(
+        RUN_DIR, option("--host", default="127.0.0.1"), option("--port", type=whole(1, 65535), default=8000),
+        DEVICE, DTYPE)),
     "push": Verb(_push, "upload a run (adapter, or --merged model) with a model card to the Hub", options=(
         RUN_DIR, option("--repo-id", required=True, help="OWNER/NAME"),
         option("--merged", action="store_true", help="push the merged model instead of the adapter"),
@@ -282,13 +316,7 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "chat": Verb(_chat, "talk to a trained run (adapter or full model)", options=(
         RUN_DIR, option("--prompt", help="one message, answered once (default: interactive)"),
         option("--system", help="a system message"),
-        option("--max-new-tokens", type=whole(1), default=128),
-        option("--device", default=None, help="default: cuda if available, else mps, else cpu"),
-        option("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
-               help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype"),
-        option("--temperature", type=number(0), default=0.0, help="0 (default): greedy; above 0: sampled"),
-        option("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling (with --temperature above 0)"),
-        option("--seed", type=whole(0), default=None, help="makes sampled replies repeatable"))),
+        *GENERATION, DEVICE, DTYPE)),
 }
 
 

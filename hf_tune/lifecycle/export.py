@@ -30,10 +30,7 @@ def export(run_dir: str | Path, format: str = "gguf", quant: str = "f16", out: s
         raise HfTuneError(f"--format {format!r}: one of {', '.join(FORMATS)}")
     if quant not in QUANTS:
         raise HfTuneError(f"--quant {quant!r}: one of {', '.join(QUANTS)}")
-    run = open_run(run_dir, needs=("tokenizer", "weights"))
-    if run.task() != "causal_lm":
-        raise HfTuneError(f"{run.path}: a {run.task()} run (its recipe's model.task); GGUF export writes causal LMs "
-                          "\n  fix: export a run whose model.task is causal_lm")
+    run = open_run(run_dir, needs=("tokenizer", "weights")).require_causal_lm("GGUF export writes")
     out = Path(out) if out else run.path / "gguf" / f"model-{quant}.gguf"
     if out.suffix != ".gguf":
         raise HfTuneError(f"--out {out}: name the GGUF file (ending in .gguf)")

@@ -107,6 +107,15 @@ class RunFolder:
 
         return (self.recipe(required=False).get("model") or {}).get("task") or DEFAULT_TASK
 
+    def require_causal_lm(self, verb: str) -> RunFolder:
+        """This run, if its ``model.task`` is a causal LM; else an error saying what ``verb`` does ("serve answers
+        with")."""
+        if self.task() != "causal_lm":
+            raise HfTuneError(f"{self.path}: a {self.task()} run (its recipe's model.task), and {verb} a causal LM"
+                              "\n  fix: pass a run whose model.task is causal_lm (a classifier or reward model is "
+                              "scored by evaluation.metrics and hf-tune compare)")
+        return self
+
     def check(self, needs: Iterable[str]) -> RunFolder:
         for need in needs:
             if need == "tokenizer":
