@@ -57,6 +57,14 @@ def _init(args) -> None:
         print("data.train.path is the placeholder data/train.jsonl: put your chat JSONL there, or edit the recipe")
 
 
+def _data(args) -> None:
+    from hf_tune.build.loading import load_recipe
+    from hf_tune.commands.data_preview import data_preview
+
+    colour = sys.stdout.isatty() and not args.no_colour
+    print(data_preview(load_recipe(args.recipe, args.overrides), count=args.n, colour=colour))
+
+
 def _cv(args) -> None:
     from hf_tune.commands.cv import cross_validate
     from hf_tune.build.loading import load_recipe
@@ -234,6 +242,10 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "plan": Verb(_plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training", True, (
         option("--world-size", type=whole(1), default=None, help="plan for N processes (default: this launch's)"),
         option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)"))),
+    "data": Verb(_data, "the first training examples as the model reads them, trained tokens marked; tokens per "
+                 "example and per step, examples per pack, the share the loss ignores", True, (
+        option("--n", type=whole(1), default=3, help="examples to show (default 3)"),
+        option("--no-colour", action="store_true", help="mark trained tokens with [[ ]] in a terminal too"))),
     "profile": Verb(_profile, "a short run of the profile section's steps under torch.profiler: trace, top operators, "
                     "step-time shares", True, (
         option("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; the "

@@ -49,7 +49,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     # the machine the recipe was written for, unless told otherwise, else the launch this runs under
     world = world_size or (recipe.machine.world_size if recipe.machine else None) or args.world_size
     method = method_of(recipe.method)
-    data, missing, processor = _plan_data(recipe, args)
+    data, missing, processor = plan_data(recipe, args)
     labels = data.labels if data is not None else (
         dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None)
     model = build_meta_model(recipe, labels)
@@ -91,7 +91,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     return result
 
 
-def _plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None, object]:
+def plan_data(recipe: Recipe, args) -> tuple[TrainingData | None, str | None, object]:
     """(the training data as the run reads it, None, the tokenizer or processor), or (None, why, None) when the
     tokenizer a supervised run needs is neither local nor reachable (a plan of a 70B recipe on a laptop offline)."""
     method = method_of(recipe.method)

@@ -19,6 +19,7 @@ from hf_tune.trainer.callback_lookup import callback_of
 from hf_tune.trainer.rollback import StepSkips, earlier_rollbacks, skipped_batches, train_with_rollbacks
 from hf_tune.trainer.world_size import fit_world_size
 from hf_tune.runtime.distributed import check_distributed
+from hf_tune.commands.data_preview import first_example_for_the_log
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.manifest import now, write_manifest
 from hf_tune.trainer.profiling import StepProfiler, profile_dir
@@ -67,6 +68,9 @@ def _train(run: Run, resume: str | None, started: str):
     if main:
         save_resolved_recipe(recipe, run_dir)
         write_manifest(run_dir, recipe, args, datasets, started, rollbacks=rollbacks, decisions=decided)
+        shown = first_example_for_the_log(recipe, run.data.train, run.tokenizer)
+        if shown is not None:  # what trains, as hf-tune data shows it
+            logger.info("The first training example, trained tokens between [[ ]]:\n%s", shown)
     try:
         result = train_with_rollbacks(trainer, resume, recipe.resilience.rollback_on_nonfinite, rollbacks, on_rollback=(
             lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, rollbacks=done,
