@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from hf_tune.catalog.templates import fitting_templates
 from hf_tune.errors import HfTuneError, describe_exception
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
@@ -59,7 +60,8 @@ DEEPSPEED = {"ZeRO-2": "zero2", "ZeRO-3": "zero3"}
 
 
 def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, tokens: int, accumulation: int,
-                     data: str, max_length: int, output_dir: str, lora: dict | None = None) -> dict[str, Any]:
+                     data: str, max_length: int, output_dir: str, lora: dict | None = None,
+                     template: str | None = None) -> dict[str, Any]:
     """The recipe of one choice, as a dict of upstream and hf_tune keys (``lora``: the section of a LoRA choice,
     ``LORA`` by default)."""
     training: dict[str, Any] = {
@@ -80,6 +82,8 @@ def candidate_recipe(model: str, tuning: str, setup: str, checkpointing: bool, t
         recipe["lora"] = dict(lora or LORA)
     recipe["data"] = {"format": DEFAULT_FORMAT, "train": {"path": data}, "max_length": max_length,
                       "batch_tokens": tokens}
+    if template:  # the base has none: a named one that fits it
+        recipe["data"]["chat_template"] = template
     recipe["training"] = training
     recipe["optim"] = {"min_lr_ratio": 0.1}
     return recipe
@@ -125,7 +129,8 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     models: dict = {}
     described = validate_recipe({"model": {"pretrained_model_name_or_path": model},
                                  "data": {"train": {"path": stand_in or data}}})
-    causal_lm_config(model, described)
+    config = causal_lm_config(model, described)
+    template = missing_template(model, config.model_type)
     base = build_meta_model(described)
     size, moe = sum(p.numel() for p in base.parameters()), moe_shape(base)
     mxfp4 = stored_in_mxfp4(base.config)
@@ -142,7 +147,7 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
                     for tokens in (t for t in MICRO_BATCH_TOKENS if t >= max_length):
                         accumulation = max(1, round(TOKENS_PER_STEP / (tokens * gpus)))
                         recipe = candidate_recipe(model, tune, setup, checkpointing, tokens, accumulation, data,
-                                                  max_length, output_dir, lora)
+                                                  max_length, output_dir, lora, template)
                         recipe["machine"] = {"world_size": gpus, "gpu_memory_gb": gpu_memory_gb}
                         peak, source = estimate(recipe, gpus, models, stand_in)
                         tried.append(peak)
@@ -150,6 +155,9 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
                             why = reasons(tune, setup, checkpointing, tokens, size, tunings, gpus)
                             if moe:
                                 why = {**why, **moe_reasons(moe, experts)}
+                            if template:
+                                why["template"] = (f"data.chat_template: {template}: the base's tokenizer has none; "
+                                                   f"names that fit it: {', '.join(fitting_templates(config.model_type))}")
                             if mxfp4:
                                 why["moe"] += (f"; its MXFP4 checkpoint is dequantized to bf16 for training: "
                                                f"{2 * size / 2**30:.0f} GB of weights, about 4x what MXFP4 stores "
@@ -159,6 +167,18 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
     raise HfTuneError(f"{model} ({size / 1e9:.1f}B parameters) fits no recipe on {gpus} x {gpu_memory_gb:g} GB: the "
                       f"smallest estimated peak per rank is {min(tried) / 2**30:.1f} GB\n  fix: more GPUs (--gpus), "
                       f"--tuning qlora, or a shorter --max-length")
+
+
+def missing_template(model: str, model_type: str) -> str | None:
+    """A named chat template for a local base whose tokenizer has none (the first that fits it), else None (it has
+    one, or a Hub base's tokenizer files are not here to tell)."""
+    from hf_tune.catalog.templates import folder_has_template
+    from hf_tune.model.embedded import embedded_model_path, is_embedded
+
+    folder = Path(embedded_model_path(model) if is_embedded(model) else model).expanduser()
+    if not folder.is_dir() or folder_has_template(folder) is not False:
+        return None
+    return fitting_templates(model_type)[0]
 
 
 CAUSAL_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # a config's architectures
@@ -230,7 +250,7 @@ def render(recipe: dict, choice: Choice, model: str, gpus: int, gpu_memory_gb: f
             + ("measured by the probe on CPU copies of the model" if choice.activations == "probe" else
                "from a formula: the probe cannot run this model")
             + f"; {RUNTIME_RESERVE_BYTES / 2**30:g} GB of CUDA runtime; at most {HEADROOM:.0%} of the GPU)",
-            *(f"# {choice.why[key]}" for key in ("moe", "lora", "tuning")
+            *(f"# {choice.why[key]}" for key in ("template", "moe", "lora", "tuning")
               if key in choice.why and (key != "tuning" or "lora" not in choice.why)),
             f"# {choice.why['setup']}", f"# {choice.why['checkpointing']}",
             f"# {choice.why['tokens']}; accumulation {choice.accumulation} -> about "

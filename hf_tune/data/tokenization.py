@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import bisect
 import logging
 from typing import Any
@@ -69,13 +71,26 @@ def tokenized_fingerprint(raw: Dataset, tokenizer, data: DataSection) -> str:
                         load_tools(data.tools), TOKENIZATION_VERSION])
 
 
+def _fitting(tokenizer) -> list[str]:
+    """Named templates that fit the tokenizer's model, read off the config beside it where it is a local folder."""
+    import json
+
+    from hf_tune.catalog.templates import fitting_templates
+
+    config = Path(getattr(tokenizer, "name_or_path", "") or ".") / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    names = fitting_templates(model_type)
+    return names[:2] + ["chatml"] if len(names) > 3 else names
+
+
 def tokenize_dataset(raw: Dataset, tokenizer, data: DataSection, key: str) -> Dataset:
     """Tokenize (cached under a fingerprint of data + tokenizer + template) and drop examples with nothing to train."""
     check_columns(data.format, raw.column_names, key)
     templated = format_of(data.format).chat_template
     if templated and not tokenizer.chat_template:
         raise RecipeError("data.chat_template", f"the tokenizer has no chat template and format '{data.format}' "
-                          "needs one", fix="set data.chat_template to a Jinja template (text or a .jinja file)")
+                          "needs one", fix=f"name one: data.chat_template: {' or '.join(_fitting(tokenizer))} "
+                          "(or a .jinja file, or the template text)")
     tools = load_tools(data.tools)
     if templated and uses_tools(raw, tools):
         check_template_renders_tools(tokenizer)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from hf_tune.catalog.templates import template_text
 from hf_tune.errors import HfTuneError, RecipeError, stage_errors
 from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.model.attention_choice import choose_attention
@@ -47,7 +48,7 @@ def build_tokenizer(recipe: Recipe):
     if recipe.data.chat_template:
         template = recipe.data.chat_template
         with stage_errors("data.chat_template", "reading the chat template"):
-            tokenizer.chat_template = template if "{" in template else Path(template).read_text()
+            tokenizer.chat_template = template_text(template)  # the text, a name (chatml, TRL's), or a file
             # a template that does not render fails here, not in the middle of tokenization
             tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
         add_template_tokens(tokenizer, tokenizer.chat_template)  # markers a base model lacks: one token each

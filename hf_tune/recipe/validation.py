@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hf_tune.catalog.templates import names_a_template, template_names
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
@@ -198,5 +199,14 @@ def _check_files(recipe: Recipe) -> None:
     if isinstance(tools, str) and not Path(tools).is_file():
         raise RecipeError("data.tools", f"file not found: {tools}", fix="a .json file holding a list of tool schemas")
     template = recipe.data.chat_template
-    if template and "{" not in template and not Path(template).is_file():
-        raise RecipeError("data.chat_template", f"file not found: {template}", fix="give a .jinja file path or the template text itself")
+    if template and names_a_template(template):
+        names = template_names()
+        if template not in names:
+            close = did_you_mean(template, names)
+            raise RecipeError("data.chat_template", f"no chat template is named {template!r}",
+                              fix=(f"{close} " if close else "") + "name one of hf_tune's or TRL's ("
+                              f"{', '.join(sorted(names)[:6])}, ...: docs/recipe.md lists them), a .jinja file, or "
+                              "give the template text itself")
+    elif template and "{" not in template and not Path(template).is_file():
+        raise RecipeError("data.chat_template", f"file not found: {template}", fix="give a .jinja file path, a "
+                          "template's name (chatml, or one of TRL's), or the template text itself")
