@@ -19,3 +19,10 @@ def load_chat_skills(**_metadata):
     import datasets
 
     return datasets.load_dataset("json", data_files={"test": str(HERE / "hf_tune_chat_skills.jsonl")})
+
+
+def load_persona(**_metadata):
+    """hf_tune_persona's examples as a ``DatasetDict`` with one ``test`` split."""
+    import datasets
+
+    return datasets.load_dataset("json", data_files={"test": str(HERE / "hf_tune_persona.jsonl")})
