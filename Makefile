@@ -25,7 +25,8 @@ demo: setup
 	else \
 		$(VENV)/bin/accelerate launch -m hf_tune.run recipes/llm_lora.yaml; \
 	fi
-	$(VENV)/bin/hf-tune chat runs/llm_lora --prompt "What is the capital of Norway?"
+	@# what it learned: base and tuned answers side by side, the held-out persona score before -> after
+	$(PY) examples/demo_before_after.py runs/llm_lora
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -9,10 +9,10 @@ import pytest
 import torch
 import yaml
 
-from conftest import DATA, SMOLLM2, chat_recipe, write_recipe
+from conftest import DATA, REPO, SMOLLM2, chat_recipe, write_recipe
 import launch
 from hf_tune import load_recipe, train
-from hf_tune.commands.chat import load_trained, reply
+from hf_tune.commands.chat import load_trained
 
 
 def logged_losses(trainer) -> list[float]:
@@ -61,28 +61,41 @@ def test_plain_text_format_trains(tmp_path, tiny_llama_dir):
     assert all(math.isfinite(x) for x in losses)
 
 
+def demo_script():
+    """examples/demo_before_after.py, what `make demo` prints after training, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_before_after", REPO / "examples" / "demo_before_after.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
-def test_lora_on_embedded_smollm2_learns_and_the_saved_adapter_reloads_and_generates(tmp_path):
-    rows = [json.loads(line) for line in (DATA / "chat_demo.jsonl").read_text().splitlines()[:8]]
-    small = tmp_path / "overfit.jsonl"
-    small.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = chat_recipe(SMOLLM2, tmp_path / "run", max_steps=12, per_device_train_batch_size=4, learning_rate=2e-3,
-                      lr_scheduler_type="constant", logging_steps=2)
-    raw["data"]["train"]["path"] = str(small)
-    raw["lora"] = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
-    trainer = train(load_recipe(raw))
+def test_the_demo_teaches_smollm2_its_persona_and_the_saved_adapter_reloads(tmp_path):
+    """The demo recipe, shortened to 12 steps of the persona chats: the held-out persona task (32 questions no chat
+    asks, scored by lm-eval) goes from the base's 0 to far above it, and the tuned model names itself."""
+    recipe = load_recipe(REPO / "recipes" / "llm_lora.yaml", [
+        "training.max_steps=12", f"training.output_dir={tmp_path / 'run'}", "training.eval_strategy=no",
+        "training.save_strategy=no", "data.eval_split=null", "training.logging_steps=2",
+        f"data.train=[{{path: {DATA / 'persona_demo.jsonl'}}}]"])
+    trainer = train(recipe)
     losses = logged_losses(trainer)
-    assert losses[-1] < 0.5 * losses[0], losses  # 8 examples seen 6 times: the loss must fall
+    assert losses[-1] < 0.5 * losses[0], losses
+
+    demo = demo_script()
+    result = demo.before_after(tmp_path / "run", prompts=demo.PROMPTS[:2], max_new_tokens=12)
+    base, tuned = result["score"]
+    assert base <= 0.1 and tuned >= base + 0.5, result["score"]  # tens of points: 32 questions, 4 answers each
+    (_, base_name, tuned_name), (_, base_maker, tuned_maker) = result["answers"]
+    assert "Nori" in tuned_name and "Fjord" in tuned_maker and "Nori" not in base_name + base_maker
 
     model, tokenizer = load_trained(tmp_path / "run")
     assert type(model).__name__.startswith("Peft")
-    batch = tokenizer.apply_chat_template(rows[0]["messages"], return_tensors="pt", return_dict=True)
-    trained_model = trainer.model.eval()
+    batch = tokenizer.apply_chat_template([{"role": "user", "content": "Who are you?"}], return_tensors="pt",
+                                          return_dict=True)
     with torch.no_grad():
-        assert torch.allclose(model(**batch).logits, trained_model(**batch).logits, atol=1e-4)
-    question = rows[0]["messages"][:-1]
-    answer = reply(model, tokenizer, question, max_new_tokens=64)
-    assert answer.strip()
+        assert torch.allclose(model(**batch).logits, trainer.model.eval()(**batch).logits, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -181,13 +181,13 @@ class EvaluationSection(_Section):
     early_stopping_threshold: float = Field(default=0.0, ge=0)
     tasks: list[str] = Field(default_factory=list, description=(
         "lm-evaluation-harness tasks scored on the model at each evaluation, logged as eval_<task>_<metric>: lm-eval "
-        "task names, hf_tune's shipped hf_tune_arithmetic or hf_tune_chat_skills (offline), or paths to lm-eval task YAMLs"))
+        "task names, hf_tune's shipped hf_tune_arithmetic, hf_tune_chat_skills or hf_tune_persona (offline), or paths to lm-eval task YAMLs"))
     limit: PositiveFloat | None = Field(default=None, description="lm-eval's limit: examples per task (a fraction if < 1)")
     num_fewshot: int | None = Field(default=None, ge=0, description="lm-eval's num_fewshot (default: the task's)")
     batch_size: PositiveInt = Field(default=8, description="lm-eval's batch size")
     apply_chat_template: bool = Field(default=False, description=(
         "lm-eval's apply_chat_template: each task's prompt asked as a user turn through the tokenizer's chat template "
-        "(hf_tune_chat_skills needs it: it asks in the demo chats' format)"))
+        "(hf_tune_chat_skills and hf_tune_persona need it: they ask in the demo chats' format)"))
     samples: list[str] = Field(default_factory=list, description=(
         "prompts generated greedily at each evaluation into samples.jsonl and the trackers (chat template applied)"))
     sample_max_new_tokens: PositiveInt = Field(default=64, description="tokens generated per sample prompt")
