@@ -12,6 +12,7 @@ import torch
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
 from hf_tune.runtime.distributed import check_distributed
 from hf_tune.errors import HfTuneError
+from hf_tune.runtime.distributed import end_process_group
 
 recipe = load_recipe(sys.argv[1])
 args = build_training_arguments(recipe)
@@ -38,9 +39,11 @@ try:
     trainer.train()
 except HfTuneError as err:
     out.write_text(json.dumps({"rank": args.process_index, "error": str(err)}))
+    end_process_group()
     sys.exit(0)
 digest = hashlib.sha256()
 for _, p in sorted(trainer.model.named_parameters()):
     digest.update(p.detach().to(torch.float32).numpy().tobytes())
 out.write_text(json.dumps({"world_size": args.world_size, "rank": args.process_index, "examples": seen,
                            "params_sha256": digest.hexdigest()}))
+end_process_group()  # the ranks leave together: gloo aborts a rank whose peer closed first (exit -6)

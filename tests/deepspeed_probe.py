@@ -10,6 +10,7 @@ import json
 import sys
 
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
+from hf_tune.runtime.distributed import end_process_group
 
 arguments = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
 recipe_path, report_path = arguments[:2]
@@ -50,3 +51,4 @@ report = {
 suffix = f".rank{args.process_index}" if args.world_size > 1 else ""
 with open(report_path + suffix, "w") as f:
     json.dump(report, f)
+end_process_group()  # the ranks leave together: gloo aborts a rank whose peer closed first (exit -6)

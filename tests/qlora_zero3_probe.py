@@ -5,6 +5,7 @@ import json
 import sys
 
 from hf_tune import load_recipe, train
+from hf_tune.runtime.distributed import end_process_group
 
 recipe_path, report_path = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds it
 trainer = train(load_recipe(recipe_path))
@@ -15,3 +16,4 @@ report = {"engine": type(trainer.model_wrapped).__name__, "weights": weights,
           "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 with open(f"{report_path}.rank{trainer.args.process_index}", "w") as f:
     json.dump(report, f)
+end_process_group()  # the ranks leave together: gloo aborts a rank whose peer closed first (exit -6)

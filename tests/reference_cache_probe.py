@@ -12,6 +12,7 @@ import sys
 import hf_tune.trainer.reference
 from hf_tune import load_recipe
 from hf_tune.build.run_build import build_run
+from hf_tune.runtime.distributed import end_process_group
 
 logging.basicConfig(level=logging.INFO)
 
@@ -49,3 +50,4 @@ for phase in phases:
     report.append({"identity": identity, "trainers": trainers, "messages": messages.messages})
 with open(f"{report_path}.rank{rank}", "w") as f:
     json.dump(report, f)
+end_process_group()  # the ranks leave together: gloo aborts a rank whose peer closed first (exit -6)

@@ -56,6 +56,8 @@ def answer_batch(model, tokenizer, conversations: list[list[dict]], max_new_toke
     """The next assistant turn of each conversation, generated together from left-padded prompts."""
     texts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
              for messages in conversations]
+    if tokenizer.pad_token is None:  # a base that never padded: its end-of-sequence token pads (masked out)
+        tokenizer.pad_token = tokenizer.eos_token
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
