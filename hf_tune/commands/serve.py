@@ -17,10 +17,9 @@ from pathlib import Path
 
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle import run_folder
-from hf_tune.lifecycle.run_reader import RunFolder, open_run
+from hf_tune.lifecycle.run_reader import ADAPTER_WEIGHTS, RunFolder, open_run
 
 logger = logging.getLogger(__name__)
-ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 def served_folder(run: RunFolder) -> Path:
