@@ -16,6 +16,9 @@ import launch
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
 SMOLLM2 = "embedded:SmolLM2-135M-Instruct"
+# every DeepSpeed op the session builds (in this process or a launch) goes to the suite's own folder, never the
+# user's default one, where a killed build's lock would hang DeepSpeed runs outside the suite
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", launch.TORCH_EXTENSIONS["TORCH_EXTENSIONS_DIR"])
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,25 @@ def test_a_recipe_names_a_bundled_config_by_short_name(tmp_path, tiny_llama_dir)
     assert build_training_arguments(recipe).deepspeed == shipped  # Trainer gets the bundled JSON itself
     with pytest.raises(HfTuneError, match=r"(?s)training.deepspeed: file not found: zero5.*zero3_offload"):
         load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed="zero5"))
+
+
+def test_a_lock_left_by_a_killed_op_build_is_refused_instead_of_waited_on_for_ever(tmp_path, tiny_llama_dir,
+                                                                                     monkeypatch):
+    build = tmp_path / "extensions" / "py311_cpu" / "deepspeed_shm_comm"
+    build.mkdir(parents=True)
+    lock, source = build / "lock", build / "build.ninja"
+    lock.write_text(""), source.write_text("rule cxx\n")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", deepspeed="zero2"))
+    assert build_training_arguments(recipe).deepspeed  # a build under way (its folder just written): not refused
+    an_hour_ago = time.time() - 3600
+    for path in (lock, source):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    with pytest.raises(HfTuneError, match=rf"(?s)wait for ever on {lock}.*'deepspeed_shm_comm' was interrupted 60 "
+                                          rf"minutes ago.*fix: delete {lock}"):
+        build_training_arguments(recipe)
+    lock.unlink()
+    assert build_training_arguments(recipe).deepspeed  # without the lock: DeepSpeed builds the op itself
 
 
 def test_a_contradicting_value_names_both_keys(tmp_path, tiny_llama_dir):

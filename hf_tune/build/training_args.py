@@ -11,7 +11,7 @@ import os
 from transformers import TrainingArguments
 
 from hf_tune.runtime.distributed import accelerator_available
-from hf_tune.runtime.ds_config import init_cpu_deepspeed, load_deepspeed_config
+from hf_tune.runtime.ds_config import init_cpu_deepspeed, load_deepspeed_config, refuse_stale_extension_locks
 from hf_tune.errors import RecipeError
 from hf_tune.catalog.methods import method_of
 from hf_tune.optim.schedule import resolve_schedule
@@ -120,6 +120,8 @@ def _fields(cls: type) -> set[str]:
 def build_training_arguments(recipe: Recipe) -> TrainingArguments:
     """The method's config class (``TrainingArguments``, or TRL's ``DPOConfig`` and the like) from the recipe."""
     kwargs = training_kwargs(recipe)
+    if kwargs.get("deepspeed"):
+        refuse_stale_extension_locks()
     init_cpu_deepspeed(kwargs)
     # hf_tune saves on SIGTERM / SIGUSR1 itself (trainer/preemption.py, attached by attach_callbacks); upstream's
     # callback would also take SIGTERM, on each rank alone, and without our checkpoint marker

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_tune.runtime.distributed import accelerator_available
-from hf_tune.errors import RecipeError
+from hf_tune.errors import HfTuneError, RecipeError
 
 BUNDLED_DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
 
@@ -87,6 +87,32 @@ def check_deepspeed_config(training: dict[str, Any], optim_given: bool) -> None:
     if optim_given and "scheduler" in config:
         raise RecipeError("training.deepspeed", "the DeepSpeed config has a 'scheduler' block, which replaces the "
                           "warmup-cosine schedule", fix="remove the 'scheduler' block from the DeepSpeed JSON")
+
+
+STALE_BUILD_S = 30 * 60  # no file of a build folder written for this long: the build that holds its lock is dead
+
+
+def refuse_stale_extension_locks(now: float | None = None) -> None:
+    """DeepSpeed builds its ops with torch's JIT (``cpp_extension.load``), which waits, silently and for ever, while
+    the build folder's ``lock`` file exists. A build killed midway (a preempted job, a timeout) leaves that file
+    behind, and every later DeepSpeed run on the machine hangs at start (a CI run waited 48 minutes). A lock whose
+    folder nobody has written to for ``STALE_BUILD_S`` is refused with its path, before DeepSpeed starts."""
+    import time
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    now = time.time() if now is None else now
+    for lock in sorted(root.glob("*/*/lock")):  # torch's layout: ROOT/py311_cpu/NAME/lock
+        try:
+            last_write = max(p.stat().st_mtime for p in lock.parent.iterdir())
+        except (FileNotFoundError, ValueError):  # the build ended while we looked
+            continue
+        if now - last_write > STALE_BUILD_S:
+            raise HfTuneError(
+                f"DeepSpeed would wait for ever on {lock}: a build of its op '{lock.parent.name}' was interrupted "
+                f"{(now - last_write) / 60:.0f} minutes ago and left its lock behind\n"
+                f"  fix: delete {lock} (torch rebuilds the op at the next start), then run again")
 
 
 def init_cpu_deepspeed(kwargs: dict) -> None:
