@@ -6,6 +6,7 @@ Notebook API, each step callable alone::
     run = build_run(recipe)    # TrainingArguments, tokenizer, model, datasets and trainer, built in order
     run.trainer.train()        # or simply: train(recipe), which also fills the run folder
     search(load_recipe("recipes/llm_lora_search.yaml"))   # hyperparameter search from the recipe's search section
+    model = load_model("runs/llm_lora")   # a run folder's trained model: an adapter on its base, wherever it is
 
 ``import hf_tune`` is light: each name is imported when first used.
 """
@@ -30,6 +31,7 @@ _EXPORTS = {
     "build_trainer": "hf_tune.build.run_build",
     "HfTuneTrainer": "hf_tune.trainer.hooks",
     "train": "hf_tune.commands.train",
+    "load_model": "hf_tune.lifecycle.run_reader",
 }
 __all__ = sorted([*_EXPORTS, "search"])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -90,7 +91,12 @@ def test_the_demo_teaches_smollm2_its_persona_and_the_saved_adapter_reloads(tmp_
     (_, base_name, tuned_name), (_, base_maker, tuned_maker) = result["answers"]
     assert "Nori" in tuned_name and "Fjord" in tuned_maker and "Nori" not in base_name + base_maker
 
-    model, tokenizer = load_trained(tmp_path / "run")
+    adapter = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == SMOLLM2  # not this machine's cache path: hf_tune resolves it
+    assert "More Information Needed" not in (tmp_path / "run" / "README.md").read_text()  # hf_tune's own card
+    shutil.copytree(tmp_path / "run", tmp_path / "elsewhere")
+    shutil.rmtree(tmp_path / "run")
+    model, tokenizer = load_trained(tmp_path / "elsewhere")
     assert type(model).__name__.startswith("Peft")
     batch = tokenizer.apply_chat_template([{"role": "user", "content": "Who are you?"}], return_tensors="pt",
                                           return_dict=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 
-from hf_tune.lifecycle.run_reader import open_run
+from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
 from hf_tune.errors import HfTuneError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: the dtype the checkpoint was saved in
@@ -50,9 +50,7 @@ def load_trained(run_dir: str | Path, device: str | None = None, dtype: str | No
     kwargs = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
     run = open_run(run_dir, needs=("tokenizer",)).require_causal_lm("chat and eval talk to")
     if run.weights() == "adapter":
-        from peft import AutoPeftModelForCausalLM
-
-        model = AutoPeftModelForCausalLM.from_pretrained(run_dir, **kwargs)
+        model = load_adapter_run(run, AutoModelForCausalLM, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(run_dir, **kwargs)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(run_dir)

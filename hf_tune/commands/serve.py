@@ -46,7 +46,9 @@ def vllm_command(run: RunFolder, host: str, port: int) -> list[str]:
     command = ["vllm", "serve"]
     adapter = run.adapter_config()
     if adapter is not None:
-        command += [adapter["base_model_name_or_path"], "--enable-lora", "--lora-modules", f"{name}={run.path}",
+        base, revision = run.adapter_base()
+        command += [base, *(["--revision", revision] if revision else []), "--enable-lora", "--lora-modules",
+                    f"{name}={run.path}",
                     "--max-lora-rank", str(max(16, int(adapter.get("r") or 16)))]
     else:
         command += [str(run.path), "--served-model-name", name]

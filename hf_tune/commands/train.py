@@ -22,6 +22,7 @@ from hf_tune.runtime.distributed import check_distributed
 from hf_tune.commands.data_preview import first_example_for_the_log
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.manifest import now, write_manifest
+from hf_tune.lifecycle.model_card import render_model_card
 from hf_tune.trainer.profiling import StepProfiler, profile_dir
 from hf_tune.recipe.schema import Recipe
 from hf_tune.lifecycle.redaction import redact_secrets
@@ -99,7 +100,14 @@ def _train(run: Run, resume: str | None, started: str):
         write_report(run_dir)
         write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics,
                        rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)), decisions=decided)
+        write_run_card(run_dir)
     return trainer
+
+
+def write_run_card(run_dir: Path) -> None:
+    """hf_tune's model card as the folder's README.md (PEFT's save leaves an empty template there): the card
+    ``hf-tune push`` uploads, with the folder's path for a repo id."""
+    (run_dir / "README.md").write_text(str(render_model_card(run_dir, str(run_dir), local=True)), encoding="utf-8")
 
 
 def save_class_labels(trainer, recipe: Recipe, run_dir: Path) -> None:
@@ -124,12 +132,14 @@ def save_resolved_recipe(recipe: Recipe, output_dir: Path) -> Path:
 
 def how_to_use(recipe: Recipe, output_dir: str) -> str:
     task = task_of(recipe.model.task)
-    loader = (f"from peft import {task.peft_auto_class} as Auto" if recipe.lora is not None else
-              f"from transformers import {task.auto_class} as Auto")
     lines = [f"\nRun folder: {output_dir}"]
     if task.causal:
         lines.append(f"  chat with it:  hf-tune chat {output_dir}")
-    lines.append(f"  load it:       {loader}; model = Auto.from_pretrained({str(output_dir)!r})")
+    if recipe.lora is not None:  # hf_tune resolves the adapter's base wherever the folder goes (embedded: too)
+        lines.append(f"  load it:       from hf_tune import load_model; model = load_model({str(output_dir)!r})")
+    else:
+        lines.append(f"  load it:       from transformers import {task.auto_class} as Auto; "
+                     f"model = Auto.from_pretrained({str(output_dir)!r})")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from hf_tune.errors import HfTuneError
 from hf_tune.model.merge import (CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas,
                                  write_merged_shards)
 from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
-from hf_tune.lifecycle.run_reader import open_run
+from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
 from hf_tune.lifecycle.model_card import base_model_id, render_model_card, run_class_labels
 from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.lifecycle.hub.hub_is_reachable, as before)
 from hf_tune.catalog.tasks import Task, task_of
@@ -124,8 +124,10 @@ def _shard_plan(run_dir: Path, task: Task, vocab_size: int | None):
     """The merge by shard's plan (hf_tune.model.merge), or None, with the reason logged, where PEFT's whole-model
     merge must run instead: another task, a GGUF or .bin base, a LoRA variant (DoRA, modules_to_save, ...)."""
     model = _recipe_model(run_dir)
-    adapter = open_run(run_dir).adapter_config()
-    base, revision = adapter.get("base_model_name_or_path") or "", model.get("revision") or adapter.get("revision")
+    run = open_run(run_dir)
+    adapter = run.adapter_config()
+    base, revision = run.adapter_base()
+    revision = model.get("revision") or revision
     try:
         if not task.merges_by_shard:
             raise CannotStream(f"model.task {task.name}: its head is built by PEFT")
@@ -153,7 +155,7 @@ def _peft_model(run_dir: Path, task: Task):
     labels = run_class_labels(run_dir) if task.class_labels else None
     if labels:  # the trained head's classes: the base's own head may have another width
         head.update(id2label=labels, label2id={name: i for i, name in labels.items()}, ignore_mismatched_sizes=True)
-    return task.peft_model_class.from_pretrained(run_dir, dtype=torch.float32, **head).eval()
+    return load_adapter_run(open_run(run_dir), task.model_class, dtype=torch.float32, **head).eval()
 
 
 def _reference_logits(run_dir: Path, task: Task, samples):
@@ -195,9 +197,9 @@ def _merge_quantized(run_dir: Path, task: Task, quantization: dict, samples, che
     sum). A 4-bit layer computes in bnb_4bit_compute_dtype; an 8-bit one quantizes its inputs to int8 as well
     (LLM.int8), held to the bfloat16 tolerance (benchmarks/RESULTS.md)."""
     import torch
-    from peft import PeftConfig, PeftModel
+    from peft import PeftModel
 
-    base_path = PeftConfig.from_pretrained(run_dir).base_model_name_or_path
+    base_path, _ = open_run(run_dir).adapter_base()
     config = bitsandbytes_config(quantization)
     compute = str(config.bnb_4bit_compute_dtype or torch.float32).removeprefix("torch.") \
         if config.load_in_4bit else "bfloat16"

@@ -24,14 +24,34 @@ HUB = "https://huggingface.co"
 
 
 def _hub_datasets(data: dict) -> list[str]:
-    sources = [data.get("train") or {}, data.get("eval") or {}]
+    sources = [*_sources(data.get("train")), *_sources(data.get("eval"))]
     return sorted({s["path"] for s in sources if s.get("path") and s["path"] not in PACKAGED_BUILDERS
                    and Path(s["path"]).suffix not in LOCAL_DATA_SUFFIXES and not looks_like_local_path(s["path"])})
 
 
+def _sources(split: dict | list | None) -> list[dict]:
+    """The sources of a ``data.train`` / ``data.eval``: one, or a mixture's list of them."""
+    return [s for s in (split if isinstance(split, list) else [split]) if isinstance(s, dict)]
+
+
+def _paths(split: dict | list | None) -> str:
+    """``path`` + ``path`` of a split's sources, each with its mixture weight where it has one."""
+    return " + ".join(f"`{s.get('path', '?')}`" + (f" (weight {s['weight']})" if "weight" in s else "")
+                      for s in _sources(split)) or "`?`"
+
+
+def _training_data(data: dict, max_length) -> str:
+    """Where the training data came from: a source, or a mixture's sources with their weights."""
+    mixture = " (a mixture)" if len(_sources(data.get("train"))) > 1 else ""
+    return (f"{_paths(data.get('train'))}{mixture} in the `{data.get('format', DEFAULT_FORMAT)}` format, up to "
+            f"{max_length} tokens per example")
+
+
 def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
-                      base_model: str | None = None) -> ModelCard:
-    """The card of a push. ``base_model`` is the Hub id named at push time for a run trained on a local folder."""
+                      base_model: str | None = None, local: bool = False) -> ModelCard:
+    """The card of a push. ``base_model`` is the Hub id named at push time for a run trained on a local folder.
+    ``local``: the card of the run folder itself (its ``README.md``, written at the end of training), ``repo_id``
+    its path: the adapter there names the base as the recipe does, and loads with ``hf_tune.load_model``."""
     run_dir = Path(run_dir)
     recipe = redact_secrets(yaml.safe_load((run_dir / run_folder.RECIPE).read_text()))
     model, training, data = recipe["model"], recipe.get("training", {}), recipe.get("data", {})
@@ -58,24 +78,23 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         hyper["rewards"] = recipe["rewards"]
     hyper.update({f"lora.{k}": v for k, v in (recipe.get("lora") or {}).items()})
     hyper.update({f"optim.{k}": v for k, v in recipe.get("optim", {}).items()})
-    train_source = data.get("train", {}).get("path", "?")
     body = [
         f"# {repo_id.split('/')[-1]}", "",
         f"{'A LoRA adapter for' if lora else 'A fine-tune of'} {f'`{base}`' if base else 'a local base model'}"
         f"{' (merged into the base weights)' if merged else ''}, trained with "
         f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.name.replace('_', ' ')}"
         + (f", by {method.name.upper()} ({method.summary})." if method.uses_trl else "."), "",
-        *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora, repo_id=repo_id),
+        *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora and not local,
+                     repo_id=repo_id),
         "## Training data", "",
-        f"`{train_source}` in the `{data.get('format', DEFAULT_FORMAT)}` format, up to "
-        f"{training.get('max_length') if method.uses_trl else data.get('max_length')} tokens per example"
-        + (f"; evaluation on `{data['eval']['path']}`." if data.get("eval") else
+        _training_data(data, training.get("max_length") if method.uses_trl else data.get("max_length"))
+        + (f"; evaluation on {_paths(data['eval'])}." if data.get("eval") else
            f"; {data['eval_split']:.0%} held out for evaluation." if data.get("eval_split") else "."), "",
         "## Hyperparameters", "", "| key | value |", "|---|---|",
         *[f"| {k} | {v} |" for k, v in hyper.items()], "",
         "## Results", "", "| metric | value |", "|---|---|",
         *[f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
-        "## Usage", "", "```python", *_usage(repo_id, lora, task, run_class_labels(run_dir)), "```", "",
+        "## Usage", "", "```python", *_usage(repo_id, lora, task, run_class_labels(run_dir), local), "```", "",
         "## Reproduce", "", "Save the recipe below as `recipe.yaml`, then:", "", "```bash",
         "pip install 'hf_tune[all]'", "accelerate launch -m hf_tune.run recipe.yaml", "```", "",
         "```yaml", yaml.safe_dump(recipe, sort_keys=False).rstrip(), "```", "",
@@ -142,14 +161,20 @@ def run_class_labels(run_dir: Path) -> dict[int, str] | None:
     return None
 
 
-def _usage(repo_id: str, lora: bool, task: Task, labels: dict[int, str] | None) -> list[str]:
+def _usage(repo_id: str, lora: bool, task: Task, labels: dict[int, str] | None, local: bool = False) -> list[str]:
     """Loading the pushed model and its processor (``Task.processor``: tokenizer, image processor or processor); an
-    adapter of a classifier builds the base with the trained head's classes, which the base's head may not have."""
+    adapter of a classifier builds the base with the trained head's classes, which the base's head may not have.
+    ``local``: the run folder's own card, whose adapter loads with ``hf_tune.load_model``."""
     auto, peft_auto, processor = task.auto_class, task.peft_auto_class, task.processor
     head = f", id2label={labels!r}, ignore_mismatched_sizes=True" if lora and labels else ""
-    lines = ([f"from peft import {peft_auto}", f"from transformers import {processor}", "",
-              f"model = {peft_auto}.from_pretrained({repo_id!r}{head})"] if lora else
-             [f"from transformers import {auto}, {processor}", "", f"model = {auto}.from_pretrained({repo_id!r})"])
+    if lora and local:
+        lines = ["from hf_tune import load_model  # the adapter on its base, an embedded: base resolved",
+                 f"from transformers import {processor}", "", f"model = load_model({repo_id!r}{head})"]
+    elif lora:
+        lines = [f"from peft import {peft_auto}", f"from transformers import {processor}", "",
+                 f"model = {peft_auto}.from_pretrained({repo_id!r}{head})"]
+    else:
+        lines = [f"from transformers import {auto}, {processor}", "", f"model = {auto}.from_pretrained({repo_id!r})"]
     lines.append(f"{'tokenizer' if task.reads_text else 'processor'} = {processor}.from_pretrained({repo_id!r})")
     if task.causal:
         lines += ['messages = [{"role": "user", "content": "Hello!"}]',

@@ -89,6 +89,17 @@ class RunFolder:
             raise self._corrupt(run_folder.ADAPTER_CONFIG, "it names no base_model_name_or_path")
         return config
 
+    def adapter_base(self) -> tuple[str, str | None]:
+        """(what loads the adapter's base, its revision): the name ``adapter_config.json`` gives, a Hub id or a
+        path, with an ``embedded:NAME`` resolved to this machine's copy (made from its package on first use)."""
+        config = self.adapter_config()
+        if config is None:
+            raise HfTuneError(f"{self.path}: no {run_folder.ADAPTER_CONFIG}: a full fine-tune has no base to load")
+        name = config["base_model_name_or_path"]
+        from hf_tune.model.embedded import embedded_model_path, is_embedded
+
+        return (embedded_model_path(name), None) if is_embedded(name) else (name, config.get("revision"))
+
     def weights(self) -> str:
         """"adapter" or "model": what the folder holds, its weight files checked to be there."""
         if self.adapter_config() is not None:
@@ -207,3 +218,32 @@ def open_run(path: str | Path, needs: Iterable[str] = ()) -> RunFolder:
     unknown = set(needs) - set(NEEDS)
     assert not unknown, unknown
     return RunFolder(path).check(needs)
+
+
+def load_adapter_run(run: RunFolder, model_class, **kwargs):
+    """The run's LoRA adapter on its base, as PEFT's ``AutoPeftModel.from_pretrained`` loads it (the base from the
+    adapter's config, its embeddings grown to a tokenizer saved with more tokens), except that the base comes from
+    ``adapter_base``, which also resolves ``embedded:NAME``. ``kwargs`` go to the base's ``from_pretrained``."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    base_path, revision = run.adapter_base()
+    base = model_class.from_pretrained(base_path, revision=revision, **kwargs)
+    if run.has("tokenizer_config.json") and hasattr(base, "get_input_embeddings"):
+        tokens = len(AutoTokenizer.from_pretrained(run.path))
+        if tokens > base.get_input_embeddings().weight.shape[0]:
+            base.resize_token_embeddings(tokens)
+    return PeftModel.from_pretrained(base, run.path)
+
+
+def load_model(run_dir: str | Path, **kwargs):
+    """The trained model of a run folder, for its ``model.task``: a LoRA adapter on its base (``load_adapter_run``:
+    an ``embedded:`` base resolved, which PEFT's ``AutoPeftModel`` cannot), a full fine-tune as saved. ``kwargs`` go
+    to ``from_pretrained`` (``dtype=``, ``device_map=``). The notebook's ``hf_tune.load_model``."""
+    from hf_tune.catalog.tasks import task_of
+
+    run = open_run(run_dir, needs=("weights",))
+    model_class = task_of(run.task()).model_class
+    if run.weights() == "adapter":
+        return load_adapter_run(run, model_class, **kwargs)
+    return model_class.from_pretrained(run.path, **kwargs)

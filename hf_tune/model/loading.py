@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -12,7 +13,7 @@ from hf_tune.errors import HfTuneError, RecipeError, stage_errors
 from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.model.attention_choice import choose_attention
 from hf_tune.model.dropout import use_fast_lora_dropout
-from hf_tune.model.embedded import drop_gguf_quantizer, embedded_model_path, is_embedded
+from hf_tune.model.embedded import PREFIX, drop_gguf_quantizer, embedded_model_path, is_embedded
 from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
                                       trainable_token_indices)
 from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
@@ -21,7 +22,7 @@ from hf_tune.model.vision import freeze_vision_tower, freezes_vision, vision_lor
 from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
-from hf_tune.catalog.sources import OFFLINE_MODEL_FIX
+from hf_tune.catalog.sources import OFFLINE_MODEL_FIX, looks_like_local_path
 from hf_tune.catalog.tasks import task_of
 from hf_tune.build.training_args import computes_in_half_precision
 
@@ -164,10 +165,27 @@ def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
             raise RecipeError("lora.target_modules", f"{recipe.lora.get('target_modules')!r} matches no module of "
                               f"the model; its linear modules are: {', '.join(names)}", fix=f"name some of them "
                               f"(e.g. lora.target_modules=[{', '.join(names[:2])}]), or all-linear") from err
+    name_adapter_base(model, recipe)
     if recipe.model.fast_lora_dropout:
         swapped = use_fast_lora_dropout(model)
         logger.info("LoRA dropout: hf_tune.model.dropout.FastDropout in %d layers (model.fast_lora_dropout)", swapped)
     return model
+
+
+def name_adapter_base(model, recipe: Recipe) -> None:
+    """The base that every saved ``adapter_config.json`` names, so a run folder loads on another machine: an
+    embedded model by its ``embedded:NAME`` (PEFT would write this machine's cache path; hf_tune resolves the name,
+    ``lifecycle.run_reader.load_adapter_run``), a Hub model by its id and the recipe's revision. A local folder keeps
+    its path: nothing else names it."""
+    name, revision = recipe.model.pretrained_model_name_or_path, recipe.model.revision
+    if not is_embedded(name) and looks_like_local_path(name):
+        return
+    for config in model.peft_config.values():
+        config.base_model_name_or_path = name
+        config.revision = None if is_embedded(name) else revision
+    if is_embedded(name):  # PEFT's save looks for NAME/config.json to see whether the vocabulary grew; hf_tune's
+        # new tokens train through trainable_token_indices or a LoRA on the embeddings, which PEFT saves without it
+        warnings.filterwarnings("ignore", message=f"Could not find a config file in {PREFIX}")
 
 
 def linear_module_names(model) -> list[str]:
