@@ -32,6 +32,7 @@ CASES = [  # argv, the message's key part
      "argument --top-p: must be above 0 and at most 1, got 0"),
     (["serve", "runs/x", "--port", "70000"], "argument --port: must be from 1 to 65535, got 70000"),
     (["export", "runs/x", "--quant", "q4_k"], "argument --quant: invalid choice: 'q4_k'"),
+    (["reproduce", "runs/x", "--out", "a", "--against", "b"], "--out and --against: give one"),
 ]
 
 

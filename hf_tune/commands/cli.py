@@ -129,6 +129,15 @@ def _generate(args) -> None:
           + (f" (the first {result['resumed_after']} kept from an interrupted run)" if result["resumed_after"] else ""))
 
 
+def _reproduce(args) -> None:
+    from hf_tune.commands.reproduce import reproduce
+
+    second, comparison = reproduce(args.run_dir, out=args.out, against=args.against)
+    print(comparison.report(Path(args.run_dir), second))
+    if not comparison.reproduced:
+        raise SystemExit(1)
+
+
 def _serve(args) -> None:
     from hf_tune.commands.serve import serve
 
@@ -295,6 +304,11 @@ VERBS = {  # in the order `hf-tune --help` lists them
                "biases stay float32; default f16)"),
         option("--out", default=None, help="the .gguf file (default: RUN_DIR/gguf/model-QUANT.gguf; the Modelfile "
                "goes beside it)"))),
+    "reproduce": Verb(_reproduce, "train a finished run again from its folder alone and say whether its weights and "
+                      "metrics match, naming what differs (exit 1 when they do not)", options=(
+        RUN_DIR, option("--out", default=None, help="the rerun's folder (default: RUN_DIR-reproduced)"),
+        option("--against", default=None, metavar="RUN_DIR2", help="compare with this finished run instead of "
+               "training one (a rerun launched on several processes)"))),
     "generate": Verb(_generate, "answer a JSONL file of prompts in batches (greedy by default: chat's answers)",
                      options=(
         RUN_DIR, option("--input", required=True, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line"),

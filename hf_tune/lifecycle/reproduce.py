@@ -1,0 +1,142 @@
+"""Two finished runs of one recipe, compared: did the second reproduce the first, and where not, what differed
+between them. Reproduced means the same final weights (every tensor, bit for bit) and the same training metrics;
+what can explain a difference is read from both ``run.json`` files: package versions, data fingerprints, the seed,
+the device, the CPU threads, the number of processes. ``hf-tune reproduce`` (``commands/reproduce.py``) makes the
+second run from the first one's folder alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hf_tune.lifecycle.run_reader import RunFolder, open_run
+
+# metrics of the machine and its clock, not of the training: never compared
+TIMING_METRICS = ("runtime", "per_second", "mfu", "memory", "step_time")
+CONDITIONS = ("device", "cpu_threads", "world_size")  # run.json's fields that can change floating-point results
+
+
+@dataclass
+class Comparison:
+    weights: list[str] = field(default_factory=list)  # what differs, one line each ([] : identical)
+    metrics: list[str] = field(default_factory=list)
+    losses: list[str] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)  # what differed between the two runs' inputs and machines
+    summary: dict[str, str] = field(default_factory=dict)  # what was compared, for the report
+
+    @property
+    def reproduced(self) -> bool:
+        return not self.weights and not self.metrics
+
+    def report(self, first: Path, second: Path) -> str:
+        lines = [f"{second} against {first}:"]
+        for what in ("weights", "metrics", "losses"):
+            differences = getattr(self, what)
+            lines += [f"  {what}: {self.summary[what]}"] if not differences else \
+                [f"  {what}: differ"] + [f"    {line}" for line in differences]
+        lines += ["  what differed between the runs: nothing of " + self.summary["causes"]] if not self.causes else \
+            ["  what differed between the runs:"] + [f"    {line}" for line in self.causes]
+        lines.append("reproduced: yes" if self.reproduced else "reproduced: no")
+        return "\n".join(lines)
+
+
+def finished_run(run_dir: str | Path) -> RunFolder:
+    """A run folder whose ``run.json`` says the run ended, with its weights."""
+    from hf_tune.errors import HfTuneError
+
+    run = open_run(run_dir, needs=("manifest", "recipe", "weights"))
+    if not run.manifest().get("end_time"):
+        raise HfTuneError(f"{run.path}: the run has not finished (run.json has no end_time)\n  fix: let it finish "
+                          "(rerun its recipe to resume it), then reproduce it")
+    return run
+
+
+def compare_runs(first: str | Path, second: str | Path) -> Comparison:
+    a, b = finished_run(first), finished_run(second)
+    result = Comparison()
+    result.weights, result.summary["weights"] = _weights(a.path, b.path)
+    result.metrics, result.summary["metrics"] = _metrics(a.manifest().get("metrics") or {},
+                                                         b.manifest().get("metrics") or {})
+    result.losses, result.summary["losses"] = _losses(a, b)
+    result.causes, result.summary["causes"] = _causes(a.manifest(), b.manifest())
+    return result
+
+
+def _weight_files(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.glob("*.safetensors"))
+
+
+def _weights(first: Path, second: Path) -> tuple[list[str], str]:
+    from safetensors.torch import load_file
+
+    files_a, files_b = _weight_files(first), _weight_files(second)
+    if files_a != files_b:
+        return [f"weight files: {', '.join(files_a) or 'none'} against {', '.join(files_b) or 'none'}"], ""
+    tensors = differing = 0
+    worst, worst_name = 0.0, ""
+    lines = []
+    for name in files_a:
+        a, b = load_file(first / name), load_file(second / name)
+        if set(a) != set(b):
+            lines.append(f"{name}: tensors {sorted(set(a) ^ set(b))[:5]} are in one run only")
+        for key in sorted(set(a) & set(b)):
+            tensors += 1
+            if a[key].shape != b[key].shape or a[key].dtype != b[key].dtype:
+                differing += 1
+                lines.append(f"{key}: {tuple(a[key].shape)} {a[key].dtype} against {tuple(b[key].shape)} {b[key].dtype}")
+            elif not a[key].equal(b[key]):
+                differing += 1
+                gap = (a[key].double() - b[key].double()).abs().max().item()
+                if gap >= worst:
+                    worst, worst_name = gap, key
+    if differing:
+        lines.insert(0, f"{differing} of {tensors} tensors differ; the largest |difference| is {worst:.3g}, in "
+                        f"{worst_name}" if worst_name else f"{differing} of {tensors} tensors differ")
+    return lines, f"identical ({tensors} tensors in {', '.join(files_a)}, bit for bit)"
+
+
+def _trained_metric(name: str) -> bool:
+    return not any(part in name for part in TIMING_METRICS)
+
+
+def _metrics(first: dict, second: dict) -> tuple[list[str], str]:
+    names = sorted(n for n in set(first) | set(second) if _trained_metric(n))
+    lines = [f"{n}: {first.get(n, 'absent')} against {second.get(n, 'absent')}" for n in names
+             if first.get(n) != second.get(n)]
+    return lines, f"identical ({', '.join(names)}; the timings are not compared)"
+
+
+def _losses(first: RunFolder, second: RunFolder) -> tuple[list[str], str]:
+    def logged(run: RunFolder) -> dict[int, float]:
+        history = run.trainer_state(required=False).get("log_history") or []
+        return {row["step"]: row["loss"] for row in history if "loss" in row and "step" in row}
+
+    a, b = logged(first), logged(second)
+    for step in sorted(set(a) | set(b)):
+        if a.get(step) != b.get(step):
+            return [f"first at step {step}: {a.get(step, 'not logged')} against {b.get(step, 'not logged')}"], ""
+    return [], f"identical at all {len(a)} logged steps"
+
+
+def _causes(first: dict, second: dict) -> tuple[list[str], str]:
+    lines = []
+    packages_a, packages_b = first.get("packages") or {}, second.get("packages") or {}
+    lines += [f"package {name}: {packages_a.get(name, 'absent')} against {packages_b.get(name, 'absent')}"
+              for name in sorted(set(packages_a) | set(packages_b)) if packages_a.get(name) != packages_b.get(name)]
+    data_a, data_b = first.get("datasets") or {}, second.get("datasets") or {}
+    for name in sorted(set(data_a) | set(data_b)):
+        one, other = data_a.get(name) or {}, data_b.get(name) or {}
+        if one.get("fingerprint") != other.get("fingerprint"):
+            lines.append(f"data {name}: fingerprint {one.get('fingerprint')} ({one.get('examples')} examples) against "
+                         f"{other.get('fingerprint')} ({other.get('examples')} examples): the data or its "
+                         "tokenization changed (a local file's fingerprint also changes when it is rewritten)")
+    seed_a, seed_b = (m["recipe"].get("training", {}).get("seed", 42) for m in (first, second))
+    if seed_a != seed_b:
+        lines.append(f"training.seed: {seed_a} against {seed_b}")
+    lines += [f"{key}: {first.get(key)} against {second.get(key)}" for key in CONDITIONS
+              if first.get(key) != second.get(key)]
+    checked = (f"{len(packages_a)} package versions, {len(data_a)} data fingerprint(s), seed {seed_a}, "
+               f"{first.get('device')}, {first.get('cpu_threads')} CPU thread(s), {first.get('world_size')} "
+               "process(es)")
+    return lines, checked
+
