@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-gpu gpu-check bench clean-runs
+.PHONY: setup demo experiment test test-gpu gpu-check bench clean-runs
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: setup
 	fi
 	@# what it learned: base and tuned answers side by side, the held-out persona score before -> after
 	$(PY) examples/demo_before_after.py runs/llm_lora
+
+# the experiment project end to end (examples/experiment/README.md): search, kill + resume, reproduce, report
+experiment: setup
+	$(PY) examples/experiment/experiment.py --out runs/experiment $(EXPERIMENT_ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

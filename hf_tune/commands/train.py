@@ -66,16 +66,18 @@ def _train(run: Run, resume: str | None, started: str):
     decided = ran(run).to_dict()  # what this run runs, as plan and validate decided it and the build applied it
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
     rollbacks = earlier_rollbacks(run_dir)  # resilience.rollback_on_nonfinite, in run.json: read before rewriting it
+    resumed = Path(resume).name if resume else None
     if main:
         save_resolved_recipe(recipe, run_dir)
-        write_manifest(run_dir, recipe, args, datasets, started, rollbacks=rollbacks, decisions=decided)
+        write_manifest(run_dir, recipe, args, datasets, started, resumed_from=resumed, rollbacks=rollbacks,
+                       decisions=decided)
         shown = first_example_for_the_log(recipe, run.data.train, run.tokenizer)
         if shown is not None:  # what trains, as hf-tune data shows it
             logger.info("The first training example, trained tokens between [[ ]]:\n%s", shown)
     try:
         result = train_with_rollbacks(trainer, resume, recipe.resilience.rollback_on_nonfinite, rollbacks, on_rollback=(
-            lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, rollbacks=done,
-                                             decisions=decided)))
+            lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, resumed_from=resumed,
+                                             rollbacks=done, decisions=decided)))
     except ValueError as err:
         if resume is None or "parameter group" not in str(err):  # torch's optimizer load_state_dict checks
             raise
@@ -98,8 +100,9 @@ def _train(run: Run, resume: str | None, started: str):
     trainer.save_state()
     if main:
         write_report(run_dir)
-        write_manifest(run_dir, recipe, args, datasets, started, end_time=now(), metrics=metrics,
-                       rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)), decisions=decided)
+        write_manifest(run_dir, recipe, args, datasets, started, resumed_from=resumed, end_time=now(),
+                       metrics=metrics, rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)),
+                       decisions=decided)
         write_run_card(run_dir)
     return trainer
 

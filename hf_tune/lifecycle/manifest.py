@@ -22,10 +22,12 @@ def now() -> str:
 
 def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any], start_time: str,
                    end_time: str | None = None, metrics: dict[str, float] | None = None,
-                   rollbacks: list[dict] | None = None, decisions: dict[str, Any] | None = None) -> Path:
+                   rollbacks: list[dict] | None = None, decisions: dict[str, Any] | None = None,
+                   resumed_from: str | None = None) -> Path:
     """Write (or rewrite) ``run_dir/run.json``; ``end_time`` is set only when the run finished. ``rollbacks``: those
     of ``resilience.rollback_on_nonfinite`` (kept only when there were some); ``decisions``: what hf_tune decided
-    for the run and the build ran (``hf_tune.build.decisions.ran``)."""
+    for the run and the build ran (``hf_tune.build.decisions.ran``); ``resumed_from``: the checkpoint this launch
+    resumed from (its ``train_loss`` and token counts are Trainer's and hf_tune's for this launch's steps only)."""
     import torch
 
     device = str(args.device)
@@ -45,6 +47,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
         "cpu_threads": torch.get_num_threads(),
         "datasets": lineage["datasets"],
         **({"decisions": decisions} if decisions else {}),
+        "resumed_from": resumed_from,
         "start_time": start_time,
         "end_time": end_time,
         "metrics": metrics or {},

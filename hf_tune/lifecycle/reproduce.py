@@ -13,6 +13,9 @@ from hf_tune.lifecycle.run_reader import RunFolder, open_run
 
 # metrics of the machine and its clock, not of the training: never compared
 TIMING_METRICS = ("runtime", "per_second", "mfu", "memory", "step_time")
+# metrics of the last launch only (Trainer's train_loss averages the steps since the resume; hf_tune's token counts
+# count them): compared only when neither run resumed, the logged losses of every step stand for them otherwise
+LAUNCH_METRICS = ("train_loss", "train_tokens", "train_trained_tokens")
 CONDITIONS = ("device", "cpu_threads", "world_size")  # run.json's fields that can change floating-point results
 
 
@@ -55,8 +58,9 @@ def compare_runs(first: str | Path, second: str | Path) -> Comparison:
     a, b = finished_run(first), finished_run(second)
     result = Comparison()
     result.weights, result.summary["weights"] = _weights(a.path, b.path)
+    resumed = {run.path.name: run.manifest().get("resumed_from") for run in (a, b) if run.manifest().get("resumed_from")}
     result.metrics, result.summary["metrics"] = _metrics(a.manifest().get("metrics") or {},
-                                                         b.manifest().get("metrics") or {})
+                                                         b.manifest().get("metrics") or {}, resumed)
     result.losses, result.summary["losses"] = _losses(a, b)
     result.causes, result.summary["causes"] = _causes(a.manifest(), b.manifest())
     return result
@@ -99,11 +103,15 @@ def _trained_metric(name: str) -> bool:
     return not any(part in name for part in TIMING_METRICS)
 
 
-def _metrics(first: dict, second: dict) -> tuple[list[str], str]:
-    names = sorted(n for n in set(first) | set(second) if _trained_metric(n))
+def _metrics(first: dict, second: dict, resumed: dict[str, str]) -> tuple[list[str], str]:
+    names = sorted(n for n in set(first) | set(second) if _trained_metric(n) and not (resumed and n in LAUNCH_METRICS))
     lines = [f"{n}: {first.get(n, 'absent')} against {second.get(n, 'absent')}" for n in names
              if first.get(n) != second.get(n)]
-    return lines, f"identical ({', '.join(names)}; the timings are not compared)"
+    launch = "" if not resumed else (
+        f"; {', '.join(LAUNCH_METRICS)} count the last launch only, and "
+        f"{' and '.join(f'{name} resumed from {checkpoint}' for name, checkpoint in resumed.items())}: the losses "
+        "of every step are compared instead")
+    return lines, f"identical ({', '.join(names) or 'none'}; the timings are not compared{launch})"
 
 
 def _losses(first: RunFolder, second: RunFolder) -> tuple[list[str], str]:
