@@ -14,6 +14,13 @@ Notebook API, each step callable alone::
 from __future__ import annotations
 
 import importlib
+import os
+
+# MKL's float32 kernels on CPUs with AVX-512 may sum in another order when a buffer sits at another address, so a
+# resumed process (another allocation layout) drifted 1e-6 from the run it continues (a ZeRO-2 run killed and resumed
+# on a Xeon with AMX). Conditional numerical reproducibility makes the sums depend on the data only. Set before torch
+# runs its first matmul; a value of the user's own is kept.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from hf_tune.search import search  # noqa: F401  bound here, so that hf_tune.search stays the function (see hf_tune/search)
 
