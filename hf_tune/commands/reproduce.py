@@ -41,11 +41,10 @@ def reproduce(run_dir: str | Path, out: str | Path | None = None, against: str |
         return Path(against), compare_runs(run.path, against)
     manifest = run.manifest()
     out = Path(out) if out is not None else run.path.with_name(run.path.name + "-reproduced")
-    recipe_file = out / run_folder.RECIPE
-    if out.resolve() == run.path.resolve() or (out / run_folder.MANIFEST).exists() or recipe_file.exists():
-        raise HfTuneError(f"--out {out}: {'is the run itself' if out.resolve() == run.path.resolve() else 'holds a run already'}"
-                          f"\n  fix: pass another --out, or compare with that run: hf-tune reproduce {run.path} "
-                          f"--against {out}")
+    itself = out.resolve() == run.path.resolve()
+    if itself or (out / run_folder.MANIFEST).exists() or (out / run_folder.RECIPE).exists():
+        raise HfTuneError(f"--out {out}: {'is the run itself' if itself else 'holds a run already'}\n  fix: pass "
+                          f"another --out, or compare with that run: hf-tune reproduce {run.path} --against {out}")
     world = manifest.get("world_size") or 1
     if world > 1:
         raise HfTuneError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.run_reader import RunFolder, open_run
 
 # metrics of the machine and its clock, not of the training: never compared
@@ -45,8 +46,6 @@ class Comparison:
 
 def finished_run(run_dir: str | Path) -> RunFolder:
     """A run folder whose ``run.json`` says the run ended, with its weights."""
-    from hf_tune.errors import HfTuneError
-
     run = open_run(run_dir, needs=("manifest", "recipe", "weights"))
     if not run.manifest().get("end_time"):
         raise HfTuneError(f"{run.path}: the run has not finished (run.json has no end_time)\n  fix: let it finish "

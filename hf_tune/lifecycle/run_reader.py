@@ -242,8 +242,8 @@ def load_model(run_dir: str | Path, **kwargs):
     to ``from_pretrained`` (``dtype=``, ``device_map=``). The notebook's ``hf_tune.load_model``."""
     from hf_tune.catalog.tasks import task_of
 
-    run = open_run(run_dir, needs=("weights",))
+    run = open_run(run_dir)
     model_class = task_of(run.task()).model_class
-    if run.weights() == "adapter":
+    if run.weights() == "adapter":  # weights() checks the weight files are there
         return load_adapter_run(run, model_class, **kwargs)
     return model_class.from_pretrained(run.path, **kwargs)

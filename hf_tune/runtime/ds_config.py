@@ -92,7 +92,7 @@ def check_deepspeed_config(training: dict[str, Any], optim_given: bool) -> None:
 STALE_BUILD_S = 30 * 60  # no file of a build folder written for this long: the build that holds its lock is dead
 
 
-def refuse_stale_extension_locks(now: float | None = None) -> None:
+def refuse_stale_extension_locks() -> None:
     """DeepSpeed builds its ops with torch's JIT (``cpp_extension.load``), which waits, silently and for ever, while
     the build folder's ``lock`` file exists. A build killed midway (a preempted job, a timeout) leaves that file
     behind, and every later DeepSpeed run on the machine hangs at start (a CI run waited 48 minutes). A lock whose
@@ -101,8 +101,8 @@ def refuse_stale_extension_locks(now: float | None = None) -> None:
 
     from torch.utils.cpp_extension import get_default_build_root
 
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    now = time.time() if now is None else now
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())  # the root torch's JIT uses
+    now = time.time()
     for lock in sorted(root.glob("*/*/lock")):  # torch's layout: ROOT/py311_cpu/NAME/lock
         try:
             last_write = max(p.stat().st_mtime for p in lock.parent.iterdir())
