@@ -74,7 +74,7 @@ def test_grpo_rewards_are_checked_when_the_recipe_loads(tmp_path, tiny_llama_dir
         with pytest.raises(RecipeError, match=message):
             read_recipe({**raw, "rewards": rewards})
     dpo = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
-    with pytest.raises(RecipeError, match=r"rewards: only method 'grpo' uses reward functions"):
+    with pytest.raises(RecipeError, match=r"rewards: only methods grpo and rloo use reward functions"):
         read_recipe({**dpo, "rewards": ["exact_answer"]})
 
 

@@ -18,11 +18,13 @@ def method_search(tiny_llama_dir, tmp_path, space: dict, method: str = "dpo", **
     return raw
 
 
-def test_a_two_trial_optuna_study_of_dpo_and_kto_trains_each_method(tmp_path, tiny_llama_dir):
-    raw = method_search(tiny_llama_dir, tmp_path, {"method": {"type": "categorical", "choices": ["dpo", "kto"]}})
+def test_an_optuna_study_of_four_preference_methods_trains_each_method(tmp_path, tiny_llama_dir):
+    methods = ["dpo", "kto", "orpo", "simpo"]  # with and without a reference model, paired and unpaired
+    raw = method_search(tiny_llama_dir, tmp_path, {"method": {"type": "categorical", "choices": methods}})
+    raw["search"]["n_trials"] = 4
     result = search(load_recipe(raw))
     trials = result["trials"]
-    assert sorted(t["params"]["method"] for t in trials) == ["dpo", "kto"]
+    assert sorted(t["params"]["method"] for t in trials) == methods
     assert all(t["state"] == "COMPLETE" for t in trials)
     assert load_recipe(result["best_recipe"]).method == result["best"][0]["params"]["method"]
 
@@ -35,7 +37,7 @@ def test_a_two_trial_optuna_study_of_dpo_and_kto_trains_each_method(tmp_path, ti
     ({"method": {"type": "categorical", "choices": ["dpo", "reward"]}}, "search.space.method.choices[1]",
      "model.task"),
     ({"rewards": {"type": "categorical", "choices": [["exact_answer"]]}}, "search.space.rewards.choices[0]",
-     "only method 'grpo' uses reward functions"),
+     "only methods grpo and rloo use reward functions"),
 ])
 def test_top_level_choices_are_each_checked_when_the_recipe_loads(tmp_path, tiny_llama_dir, space, key, message):
     with pytest.raises(RecipeError) as refused:

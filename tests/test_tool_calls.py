@@ -106,6 +106,8 @@ def llama31_segments(messages, tools):
 
 SEGMENTS = {"QWEN2_5": qwen25_segments, "LLAMA3_1": llama31_segments}
 SETS = {"glaive": (GLAIVE, glaive_rows), "messages": (MESSAGES, message_rows)}
+TRAINED_SETS = {**SETS, "reasoning": (DATA / "reason_tool_use_demo.jsonl", lambda: [None] * 5),
+                "content_parts": (DATA / "content_parts_demo.jsonl", lambda: [None] * 4)}
 
 
 def test_function_call_and_observation_turns_become_tool_calls_and_tool_results():
@@ -177,18 +179,134 @@ def test_qwen3_trains_the_tool_call_and_the_answer_as_the_full_rendering_shows_t
                        "<think>\n\n</think>\n\nIt is 4 degrees and cloudy in Oslo.<|im_end|>")
 
 
-@pytest.mark.parametrize("name, family", [("glaive", "LLAMA3_1"), ("messages", "QWEN2_5")])
+@pytest.mark.parametrize("name, family", [("glaive", "LLAMA3_1"), ("messages", "QWEN2_5"),
+                                          ("reasoning", "QWEN3_TRAINING"), ("content_parts", None)])
 def test_tool_calling_sets_train(tmp_path, tiny_llama_dir, smol_tokenizer, name, family):
     """A real Trainer run on each set with a tool-capable template given as data.chat_template."""
     import chat_templates
 
     from hf_tune import load_recipe, train
 
-    template = tmp_path / "template.jinja"
-    template.write_text(getattr(chat_templates, family))
     recipe = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=2)
-    recipe["data"].update(train={"path": str(SETS[name][0])}, chat_template=str(template), max_length=1024)
+    recipe["data"].update(train={"path": str(TRAINED_SETS[name][0])}, max_length=1024)
+    if family:  # else SmolLM2's own template
+        template = tmp_path / "template.jinja"
+        template.write_text(getattr(chat_templates, family))
+        recipe["data"]["chat_template"] = str(template)
     trainer = train(load_recipe(recipe))
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
-    assert trainer.train_dataset.num_rows == len(SETS[name][1]())
+    assert trainer.train_dataset.num_rows == len(TRAINED_SETS[name][1]())
+
+
+# --- typed content parts: LLaMA-Factory's reasoning and tool-call parts, OpenAI's text parts -----------------------
+
+REASONING = DATA / "reason_tool_use_demo.jsonl"  # LLaMA-Factory's reason_tool_use layout, written for hf_tune
+CONTENT_PARTS = DATA / "content_parts_demo.jsonl"  # OpenAI's layout: text parts, some turns plain strings
+
+
+def reasoning_rows():
+    """The LLaMA-Factory file read here by hand: (messages with text, reasoning and calls apart, tools)."""
+    rows = []
+    for line in REASONING.read_text().splitlines():
+        row = json.loads(line)
+        messages = []
+        for m in row["messages"]:
+            of = lambda kind: [p["value"] for p in m["content"] if p["type"] == kind]  # noqa: E731
+            messages.append({"role": m["role"], "content": "".join(of("text")), "reasoning": "".join(of("reasoning")),
+                             "calls": [json.loads(call) for call in of("tool_call")]})
+        rows.append((messages, json.loads(row["tools"])))
+    return rows
+
+
+def qwen3_segments(messages, tools, think_before_last_question: bool):
+    """Qwen3's format written out turn by turn: the tools in the system turn, each assistant turn's think block (the
+    training variant renders them all; Qwen3's own only after the last question), answer and calls trained up to
+    <|im_end|>; tool results inside a user turn, untrained."""
+    system = messages[0]["content"] + "\n\n" if messages[0]["role"] == "system" else ""
+    segments = [("<|im_start|>system\n" + system + "# Tools\n\nYou may call one or more functions to assist with the "
+                 "user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+                 + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + "\n</tools>\n\nFor each "
+                 "function call, return a json object with function name and arguments within <tool_call></tool_call> "
+                 "XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                 "</tool_call><|im_end|>\n", False)]
+    last_question = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    for i, m in enumerate(messages):
+        if m["role"] == "system" and i == 0:
+            continue
+        if m["role"] == "user":
+            segments.append((f"<|im_start|>user\n{m['content']}<|im_end|>\n", False))
+        elif m["role"] == "tool":
+            first = messages[i - 1]["role"] != "tool"
+            last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+            segments.append((("<|im_start|>user" if first else "") + "\n<tool_response>\n" + m["content"]
+                             + "\n</tool_response>" + ("<|im_end|>\n" if last else ""), False))
+        else:
+            think = think_before_last_question or i > last_question
+            answer = (f"<think>\n{m['reasoning']}\n</think>\n\n" if think else "") + m["content"]
+            for n, call in enumerate(m["calls"]):
+                answer += ("\n" if n or m["content"] else "") + (
+                    f'<tool_call>\n{{"name": "{call["name"]}", "arguments": '
+                    f'{json.dumps(call["arguments"], ensure_ascii=False)}}}\n</tool_call>')
+            segments += [("<|im_start|>assistant\n", False), (answer + "<|im_end|>", True), ("\n", False)]
+    return segments
+
+
+@pytest.mark.parametrize("family, think_before_last_question", [("QWEN3_TRAINING", True), ("QWEN3", False)])
+def test_reasoning_and_tool_call_parts_train_as_the_turn_by_turn_reference(smol_tokenizer, family,
+                                                                           think_before_last_question):
+    """Each assistant turn's reasoning (where the template renders it), answer and calls train, and nothing else:
+    system, tools, questions and tool results are context. Qwen3's own template drops the reasoning of the turns
+    before the last question, so those turns train without it, as the full rendering shows them."""
+    tokenizer = family_tokenizer(smol_tokenizer, family)
+    raw = load_source(DatasetSource(path=str(REASONING)), "data.train", "chat")
+    tokenized = tokenize_dataset(raw, tokenizer, DataSection(train={"path": str(REASONING)}, max_length=4096),
+                                 "data.train")
+    assert len(tokenized) == len(reasoning_rows()) == 5
+    for row, (messages, tools) in zip(tokenized, reasoning_rows()):
+        segments = qwen3_segments(messages, tools, think_before_last_question)
+        text, ids, labels = reference(tokenizer, segments)
+        assert (row["input_ids"], row["labels"]) == (ids, labels), text
+        trained = tokenizer.decode([t for t in row["labels"] if t != IGNORE_INDEX])
+        assert "<tool_response>" not in trained and "<|im_start|>" not in trained
+    dropped = tokenizer.decode([t for t in tokenized[1]["labels"] if t != IGNORE_INDEX])  # two questions
+    assert ("Light rain at 9 degrees" in dropped) == think_before_last_question
+    assert "Sunny and 24 degrees" in dropped  # the turn after the last question keeps its reasoning
+
+
+def test_openai_text_parts_train_as_the_same_conversation_with_string_content(smol_tokenizer, tmp_path):
+    """Text parts joined (no separator, as transformers' templates concatenate them) are the string content: the
+    tokens and labels of the file equal those of its copy written with strings."""
+    rows = [json.loads(line) for line in CONTENT_PARTS.read_text().splitlines()]
+    as_strings = [{"messages": [{**m, "content": m["content"] if isinstance(m["content"], str) else
+                                 "".join(p["text"] for p in m["content"])} for m in row["messages"]]} for row in rows]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(row) + "\n" for row in as_strings))
+    section = DataSection(train={"path": "x"}, max_length=512)
+    parts = tokenize_dataset(load_source(DatasetSource(path=str(CONTENT_PARTS)), "data.train", "chat"),
+                             smol_tokenizer, section, "data.train")
+    strings = tokenize_dataset(load_source(DatasetSource(path=str(plain)), "data.train", "chat"),
+                               smol_tokenizer, section, "data.train")
+    assert parts["input_ids"] == strings["input_ids"] and parts["labels"] == strings["labels"]
+    second = smol_tokenizer.decode([t for t in parts[1]["labels"] if t != IGNORE_INDEX])
+    assert "Bonjour." in second and "Only the translation" not in second
+
+
+@pytest.mark.parametrize("content, role, message", [
+    ([{"type": "input_audio", "input_audio": {}}], "user",
+     "content part 1 has type 'input_audio', which chat does not read: expected one of 'text', 'reasoning', "
+     "'tool_call'"),
+    ([{"type": "text", "text": "a"}, {"type": "image"}], "user", "content part 2 has type 'image', which chat does "
+                                                                "not read: expected one of 'text', 'reasoning', "
+                                                                "'tool_call' (images are read by data.format: vision_chat)"),
+    ([{"type": "reasoning", "value": "hm"}], "user", "content part 1 is a reasoning part in a 'user' turn: only assistant turns "
+                                                     "reason or call tools"),
+    ([{"type": "text", "content": "a"}], "user", "content part 1 (text) has keys ['content', 'type']: its text goes "
+                                                 "in 'text' (OpenAI) or 'value' (LLaMA-Factory)"),
+    (["just text"], "user", "content part 1: expected an object with a 'type', got a string"),
+])
+def test_a_part_chat_cannot_read_is_refused_by_name(content, role, message):
+    from hf_tune.data.validation import turns_problem
+
+    turns = [{"role": role, "content": content}, {"role": "assistant", "content": "ok"}]
+    assert turns_problem(turns, ("role", "content"), "messages") == f"turn 1: {message}"

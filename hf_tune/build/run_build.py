@@ -22,7 +22,7 @@ from hf_tune.data import TrainingData, build_collator, build_training_data, caus
 from hf_tune.data.loss import ChunkedCausalLMLoss, RouterBalancedLoss
 from hf_tune.data.preference import load_method_data
 from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
-from hf_tune.errors import stage_errors
+from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.metrics.evaluation import build_callbacks, build_compute_metrics
 from hf_tune.evaluation.downstream import build_downstream_callbacks
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
@@ -162,11 +162,32 @@ def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_d
         from peft import LoraConfig  # peft is loaded with a LoRA model only
 
         extra["peft_config"] = LoraConfig(task_type=task.peft_task_type, **recipe.lora)
-    if method.generates:
+    if method.rewarded:
         extra["reward_funcs"] = build_reward_funcs(recipe.rewards)
+    if method.teacher and model is not None:
+        extra["teacher_model"] = build_teacher(recipe, tokenizer, model)
     return method_trainer_class(method.name)(
         model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
         optim=recipe.optim, causal=task.causal, perplexity=False, **extra, **kwargs)
+
+
+def build_teacher(recipe: Recipe, tokenizer, student):
+    """Method distillation's teacher: loaded as the recipe's ``teacher`` section says (the ``model`` keys: a Hub id
+    at a revision, a folder or ``embedded:``, its dtype), once, frozen and in eval mode. It must share the student's
+    vocabulary: the divergence compares their whole next-token distributions."""
+    try:
+        teacher = build_model(dataclasses.replace(recipe, model=recipe.teacher, lora=None), tokenizer)
+    except RecipeError as err:  # the teacher's keys, named as the recipe has them
+        raise RecipeError(err.key.replace("model", "teacher", 1), err.problem, fix=err.fix) from None
+    teacher.requires_grad_(False)
+    teacher.eval()
+    vocab = student.config.get_text_config().vocab_size, teacher.config.get_text_config().vocab_size
+    if vocab[0] != vocab[1]:
+        raise RecipeError("teacher.pretrained_model_name_or_path", f"{recipe.teacher.pretrained_model_name_or_path} "
+                          f"has a vocabulary of {vocab[1]} tokens, the student {vocab[0]}: distillation compares their "
+                          "next-token distributions token by token", fix="pick a teacher of the student's family "
+                          "(the same tokenizer)")
+    return teacher
 
 
 def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] = ()) -> None:

@@ -45,6 +45,8 @@ def training_kwargs(recipe: Recipe) -> dict:
         # slices every tensor of a batch along its first dimension, cutting a flattened pack's example boundaries.
         kwargs["accelerator_config"] = {"dispatch_batches": False}
     method = method_of(recipe.method)
+    for key, value in (*method.config_fixed, *method.config_defaults):  # what makes the method (simpo: CPO's loss)
+        kwargs.setdefault(key, value)
     if method.reference and "precompute_ref_log_probs" in _fields(method.config):
         # computed once and cached across runs (hf_tune.trainer.reference): the steps then run no reference forward
         kwargs.setdefault("precompute_ref_log_probs", True)

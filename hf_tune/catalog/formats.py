@@ -93,8 +93,8 @@ FORMATS = {f.name: f for f in (
                                      "input")),
            "'prompt', 'chosen' and 'rejected' (strings or lists of {role, content} messages); or only 'chosen' and "
            "'rejected' conversations; or LLaMA-Factory's 'conversations' with 'chosen' / 'rejected' messages",
-           "hf_tune.data.preference:preference_row", ("dpo", "kto", "reward"), ("reward_model",),
-           default_for=("dpo", "reward"), sequences=2, unpaired_for=("kto",)),
+           "hf_tune.data.preference:preference_row", ("dpo", "kto", "reward", "orpo", "simpo"), ("reward_model",),
+           default_for=("dpo", "reward", "orpo", "simpo"), sequences=2, unpaired_for=("kto",)),
     Format("unpaired_preference", (("prompt", "completion", "label"), ("messages", "label")),
            tuple(Column(c) for c in ("prompt", "completion", "label", "messages")),
            "'prompt', 'completion' (strings or messages) and a boolean 'label' (true: desirable); or LLaMA-Factory's "
@@ -102,7 +102,8 @@ FORMATS = {f.name: f for f in (
            "hf_tune.data.preference:unpaired_row", ("kto",), default_for=("kto",)),
     Format("prompt_only", (("prompt",),), (Column("prompt"),),
            "a 'prompt' (a string or a list of {role, content} messages), plus the columns the rewards read",
-           "hf_tune.data.preference:prompt_row", ("grpo",), default_for=("grpo",)),
+           "hf_tune.data.preference:prompt_row", ("grpo", "rloo", "distillation"),
+           default_for=("grpo", "rloo", "distillation")),
 )}
 DEFAULT_FORMAT = next(iter(FORMATS))  # data.format's default with method sft
 

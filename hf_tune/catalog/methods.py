@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
+from typing import Any
 
 from hf_tune.catalog.formats import formats_read_by
 
@@ -25,7 +27,11 @@ class Method:
     summary: str  # one line for the README's method table, `plan` and the model card
     eval_metrics: tuple[str, ...] = ()  # what its evaluation reports (a search can optimise them); sft: the task's
     reference: bool = False  # compares against a frozen reference model (the base with the adapter disabled)
-    generates: bool = False  # samples completions while training (GRPO)
+    generates: bool = False  # samples completions while training (GRPO, RLOO, on-policy distillation)
+    rewarded: bool = False  # its completions are scored by the recipe's reward functions (``rewards``)
+    teacher: bool = False  # learns from a frozen teacher model (the recipe's ``teacher`` section)
+    config_fixed: tuple[tuple[str, Any], ...] = ()  # config values that make the method (simpo: CPO's loss_type)
+    config_defaults: tuple[tuple[str, Any], ...] = ()  # config defaults it sets where the recipe is silent
 
     @property
     def config(self) -> type:
@@ -60,7 +66,23 @@ METHODS = {
                      eval_metrics=("eval_loss", "eval_accuracy", "eval_margin")),
     "grpo": Method("grpo", "trl:GRPOConfig", "trl:GRPOTrainer", ("causal_lm",),
                    "group relative policy optimization: sampled completions scored by reward functions",
-                   generates=True, eval_metrics=("eval_loss", "eval_reward")),
+                   generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward")),
+    "rloo": Method("rloo", "trl:RLOOConfig", "trl:RLOOTrainer", ("causal_lm",),
+                   "REINFORCE leave-one-out: sampled completions scored by reward functions, each against the mean "
+                   "of its group's others", generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward")),
+    "orpo": Method("orpo", "trl.experimental.orpo:ORPOConfig", "trl.experimental.orpo:ORPOTrainer", ("causal_lm",),
+                   "odds ratio preference optimization: next-token loss on chosen plus an odds-ratio term, no "
+                   "reference model", eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins")),
+    "simpo": Method("simpo", "trl.experimental.cpo:CPOConfig", "trl.experimental.cpo:CPOTrainer", ("causal_lm",),
+                    "simple preference optimization: a margin between length-normalised log-probabilities of chosen "
+                    "and rejected, no reference model (TRL's CPO with loss_type simpo)",
+                    eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"),
+                    config_fixed=(("loss_type", "simpo"),),
+                    config_defaults=(("cpo_alpha", 0.0),)),  # SimPO alone; cpo_alpha > 0 adds CPO's NLL term
+    "distillation": Method("distillation", "trl:DistillationConfig", "trl:DistillationTrainer", ("causal_lm",),
+                           "on-policy distillation: the student's sampled completions matched to a teacher's "
+                           "next-token distribution (generalised JSD)", generates=True, teacher=True,
+                           eval_metrics=("eval_loss",)),
 }
 
 
@@ -71,4 +93,6 @@ def method_of(name: str | None) -> Method:
 
 def _resolve(dotted: str) -> type:
     module, name = dotted.split(":")
-    return getattr(importlib.import_module(module), name)
+    with warnings.catch_warnings():  # ORPO and CPO live in trl.experimental: pinned (pyproject) and tested here
+        warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'")
+        return getattr(importlib.import_module(module), name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -13,7 +14,7 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.build.run_build import build_method_data
 from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.errors import RecipeError
-from hf_tune.catalog.formats import format_of
+from hf_tune.catalog.formats import format_of, formats_read_by
 from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
                             quantized_model_state_memory, quantized_weight_memory, recipe_setup)
 from hf_tune.catalog.methods import method_of
@@ -67,6 +68,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     result = {
         "method": method.name,
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
+        "reference": reference_model(recipe, method),
         "examples": examples,
         "data_not_read": missing,
         "tokens_per_example": tokens,
@@ -83,6 +85,9 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "machine": recipe.machine.model_dump(exclude_none=True) if recipe.machine else None,
         "lr_schedule_png": None,
     }
+    if method.teacher:
+        result["teacher"] = teacher_memory(recipe, world, result["setup"])
+        result["peak_per_rank"] += result["teacher"]["bytes_per_rank"]
     if total:
         out = Path(out_dir or args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -234,12 +239,33 @@ def method_batch(method, effective: int, generations: int, batch_tokens: int | N
     if method.generates:
         return (f"{effective} completions per step: {effective / generations:g} prompts x {generations} generations "
                 "(training.num_generations), each scored by the rewards")
-    if method.reference or method.name == "reward":
+    if format_of(formats_read_by(method.name)[0]).sequences == 2:  # its default data: pairs
         return f"{effective} pairs per step: {2 * effective} sequences (chosen and rejected) through the model"
     if batch_tokens:
         return (f"{effective} pack{'s' if effective > 1 else ''} per step, each of whole examples up to "
                 f"{batch_tokens} tokens (data.batch_tokens): at most {effective * batch_tokens:,} tokens")
     return f"{effective} examples per step"
+
+
+def reference_model(recipe: Recipe, method) -> str:
+    """What the method compares against: nothing, or the frozen reference (the base under the adapter, or a copy)."""
+    if not method.reference:
+        return "none"
+    return "the base with the adapter disabled (no copy)" if recipe.lora is not None else \
+        "a frozen copy of the model (full fine-tune)"
+
+
+def teacher_memory(recipe: Recipe, world: int, setup: str) -> dict:
+    """A distillation teacher's weights per rank: built on the meta device from its config in the dtype the recipe's
+    ``teacher`` section loads it in, partitioned over the ranks under ZeRO-3 (TRL prepares it with the student's
+    DeepSpeed config) and whole on each rank otherwise. Frozen: no gradients, no optimizer states."""
+    teacher = build_meta_model(dataclasses.replace(recipe, model=recipe.teacher, lora=None))
+    weights = sum(p.numel() * p.element_size() for p in teacher.parameters())
+    partitioned = setup.startswith("ZeRO-3")
+    return {"name": recipe.teacher.pretrained_model_name_or_path,
+            "params": sum(p.numel() for p in teacher.parameters()),
+            "dtype": str(next(teacher.parameters()).dtype).split(".")[-1], "bytes": weights,
+            "bytes_per_rank": weights // world if partitioned else weights, "partitioned": partitioned}
 
 
 def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> Path:
@@ -272,6 +298,12 @@ def _tokens_line(tokens: dict | None) -> str:
             + (f" (image tokens: {images:.1f} on average)" if images is not None else ""))
 
 
+def teacher_line(teacher: dict) -> str:
+    where = "partitioned over the ranks (ZeRO-3)" if teacher["partitioned"] else "whole on each rank"
+    return (f"teacher: {teacher['name']}, {teacher['params']:,} parameters in {teacher['dtype']}, frozen: "
+            f"{teacher['bytes_per_rank'] / 2**30:.2f} GB per rank ({where})")
+
+
 def format_plan(result: dict) -> str:
     missing = result.get("data_not_read")
     streamed = result["examples"] is None and not missing
@@ -282,7 +314,8 @@ def format_plan(result: dict) -> str:
                     "pack, data.batch_tokens)")
     per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
     total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
-    lines = [f"method: {result['method']} ({result['method_batch']})",
+    lines = [f"method: {result['method']} ({result['method_batch']})", f"reference model: {result['reference']}",
+             *([teacher_line(result["teacher"])] if result.get("teacher") else []),
              f"examples: {examples}{_tokens_line(result.get('tokens_per_example'))}",
              f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
              f"steps per epoch: {per_epoch or '-'}   total steps: {total}   "
@@ -320,8 +353,10 @@ def format_plan(result: dict) -> str:
                      + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else "")
                      + (f", router load-balancing loss x {decided['router_aux_loss_coef']:g}"
                         if decided.get("router_aux_loss_coef") else ""))
+    teacher = " + the teacher's weights" if result.get("teacher") else ""
     lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
-                 f"(model states + activations at their peak + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime reserve)")
+                 f"(model states + activations at their peak{teacher} + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime "
+                 "reserve)")
     machine = result.get("machine")
     if machine and machine.get("gpu_memory_gb"):
         budget = machine["gpu_memory_gb"]

@@ -10,8 +10,10 @@ Three ways to locate the spans, tried in this order (docs/data.md, "Which tokens
 3. Render once, locate by markers: templates that rewrite earlier turns (Qwen3 strips the reasoning of every turn
    before the last question, and gives the last turn an empty think block) break the prefix rule. The whole
    conversation is then rendered once, as it is at inference, and each assistant turn starts where the conversation
-   before it, rendered with the generation prompt, ends (still a prefix) and ends with the template's end-of-turn
-   marker (found by rendering a probe exchange). Each turn is trained as it appears in the full rendering.
+   before it, rendered with the generation prompt, ends (still a prefix), or, where that history is rewritten too
+   (the reasoning of a turn before a later question), after the next assistant header (what the generation prompt
+   adds) of the full rendering; it ends with the template's end-of-turn marker (found by rendering a probe
+   exchange). Each turn is trained as it appears in the full rendering: reasoning a template drops is not trained.
 
 A conversation none of these can locate is refused, naming ``data.chat_template`` and the fix.
 """
@@ -43,6 +45,7 @@ _PROBE_CONVERSATION = [
 ]
 _reported: set[str] = set()
 _end_of_turn_cache: dict[tuple[str, str], str] = {}
+_header_cache: dict[tuple[str, str], str] = {}
 
 
 def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None = None,
@@ -99,16 +102,32 @@ def _spans_in_one_rendering(tokenizer, messages, turns, tools, text) -> list[tup
         logger.info("the chat template rewrites earlier turns (it strips reasoning or re-renders history): assistant "
                     "turns are located in the whole conversation rendered once, by the generation prompt and the "
                     "end-of-turn marker %r", end_of_turn(tokenizer))
-    marker, spans = end_of_turn(tokenizer), []
+    marker, header, spans = end_of_turn(tokenizer), generation_header(tokenizer), []
     for i in turns:
         before = render(tokenizer, messages[:i], tools, generation_prompt=True)
-        end = text.find(marker, len(before)) if marker and text.startswith(before) else -1
-        if end < 0 or (spans and len(before) < spans[-1][1]):
+        start = len(before) if text.startswith(before) else -1
+        if start < 0 and header:  # the history before this turn is rewritten too (Qwen3 strips its reasoning once a
+            # later question follows): the turn starts after the next assistant header of the full rendering
+            at = text.find(header, spans[-1][1] if spans else 0)
+            start = at + len(header) if at >= 0 else -1
+        end = text.find(marker, start) if marker and start >= 0 else -1
+        if end < 0 or (spans and start < spans[-1][1]):
             raise RecipeError("data.chat_template", f"the chat template renders turn {i + 1} differently once later "
                               "turns follow, and its start or end-of-turn marker cannot be found in the whole "
                               "conversation, so the assistant tokens cannot be located", fix=_TEMPLATE_FIX)
-        spans.append((len(before), end + len(marker)))
+        spans.append((start, end + len(marker)))
     return spans
+
+
+def generation_header(tokenizer) -> str:
+    """What the generation prompt adds to open an assistant turn (``<|im_start|>assistant\n``...), found by rendering
+    a probe question with and without it; empty when the template's prompt is not an addition at the end."""
+    key = (tokenizer.chat_template or "", str(tokenizer.special_tokens_map))
+    if key not in _header_cache:
+        probe = [{"role": "user", "content": "probe question"}]
+        plain, prompted = render(tokenizer, probe), render(tokenizer, probe, generation_prompt=True)
+        _header_cache[key] = prompted[len(plain):] if prompted.startswith(plain) else ""
+    return _header_cache[key]
 
 
 def end_of_turn(tokenizer) -> str:

@@ -15,7 +15,7 @@ from datasets import ClassLabel, Dataset, Value
 
 from hf_tune.data.formats import Format, check_columns, format_of, row_refusal
 from hf_tune.data.images import IMAGE_KINDS, check_images
-from hf_tune.data.messages import SHAREGPT_ROLES
+from hf_tune.data.messages import SHAREGPT_ROLES, content_problem
 
 TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
 _OTHER_CHAT_COLUMN = {"messages": "conversations", "conversations": "messages"}
@@ -95,8 +95,13 @@ def turns_problem(value: Any, keys: tuple[str, str], column: str) -> str | None:
                 if other else ""
             return f"turn {number} has keys {present}, expected {keys[0]!r} and {keys[1]!r}{hint}"
         for k in keys:
-            if not isinstance(turn[k], str):
-                return f"turn {number}: {k!r} must be a string, got {_show(turn[k])}"
+            if k == "content" and isinstance(turn[k], list):  # typed parts: text, reasoning, tool calls
+                problem = content_problem(turn[k], turn.get("role"))
+                if problem:
+                    return f"turn {number}: {problem}"
+            elif not isinstance(turn[k], str):
+                expected = "a string or a list of typed parts" if k == "content" else "a string"
+                return f"turn {number}: {k!r} must be {expected}, got {_show(turn[k])}"
         if column == "conversations" and turn["from"] not in SHAREGPT_ROLES:
             return f"turn {number}: unknown 'from' value {turn['from']!r}, expected one of {sorted(SHAREGPT_ROLES)}"
     return None

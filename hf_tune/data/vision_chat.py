@@ -24,9 +24,12 @@ IMAGE_MARKER = "<image>"  # LLaMA-Factory's marker in string content
 
 
 def content_parts(content: Any) -> list[dict[str, Any]]:
-    """A message's content as parts: TRL's parts kept (null keys dropped), a string split at ``<image>`` markers."""
+    """A message's content as parts: TRL's parts kept (null keys dropped; LLaMA-Factory's text ``value`` read as
+    ``text``), a string split at ``<image>`` markers."""
     if isinstance(content, list):
-        return [{k: v for k, v in part.items() if v is not None} for part in content]
+        parts = [{k: v for k, v in part.items() if v is not None} for part in content]
+        return [{"type": "text", "text": part["value"]} if part.get("type") == "text" and "text" not in part
+                and "value" in part else part for part in parts]
     parts: list[dict[str, Any]] = []
     for i, text in enumerate(str(content).split(IMAGE_MARKER)):
         if i:
@@ -38,7 +41,7 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
 
 def vision_messages(example: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation with every content as parts (``messages`` or ShareGPT ``conversations``)."""
-    return [{**message, "content": content_parts(message.get("content", ""))} for message in chat_messages(example)]
+    return [{**message, "content": content_parts(message.get("content", ""))} for message in chat_messages(example, read_parts=False)]
 
 
 def count_images(messages: list[dict[str, Any]]) -> int:

@@ -11,7 +11,7 @@ from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
 from hf_tune.recipe.chunked_loss_checks import check_chunked_loss
 from hf_tune.recipe.data_checks import check_sources
 from hf_tune.recipe.evaluation_tasks import check_evaluation_tasks, is_task_metric, mistyped_task, shipped_tasks
-from hf_tune.catalog.methods import method_of
+from hf_tune.catalog.methods import METHODS, method_of
 from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
 from hf_tune.recipe.schedule_checks import check_training_steps
@@ -77,12 +77,24 @@ def check_method(recipe: Recipe, raw: dict) -> None:
         for key, fix in _SFT_DATA_KEYS.items():
             if (raw.get("data") or {}).get(key) not in (None, False):
                 raise RecipeError(f"data.{key}", f"applies to method 'sft'; {given} runs TRL's trainer", fix=fix)
-    if method.generates and not recipe.rewards:
+    if method.rewarded and not recipe.rewards:
         raise RecipeError("rewards", f"{given} needs at least one reward function",
                           fix="e.g. rewards: [{name: exact_answer, column: answer}]")
-    if recipe.rewards and not method.generates:
-        raise RecipeError("rewards", f"only method 'grpo' uses reward functions; {given} does not",
-                          fix="remove rewards, or set method: grpo")
+    if recipe.rewards and not method.rewarded:
+        rewarded = [name for name, m in METHODS.items() if m.rewarded]
+        raise RecipeError("rewards", f"only {_methods(rewarded)} use{'s' * (len(rewarded) == 1)} reward functions; "
+                          f"{given} does not", fix=f"remove rewards, or set method: {' or '.join(rewarded)}")
+    if method.teacher and recipe.teacher is None:
+        raise RecipeError("teacher", f"{given} learns from a teacher model, and the recipe names none",
+                          fix="add teacher: {pretrained_model_name_or_path: <a Hub id, a folder or embedded:NAME>}")
+    if recipe.teacher is not None and not method.teacher:
+        taught = [name for name, m in METHODS.items() if m.teacher]
+        raise RecipeError("teacher", f"only {_methods(taught)} learn{'s' * (len(taught) == 1)} from a teacher; "
+                          f"{given} does not", fix=f"remove teacher, or set method: {' or '.join(taught)}")
+    for key, value in method.config_fixed:
+        if recipe.training.get(key, value) != value:
+            raise RecipeError(f"training.{key}", f"{given} runs {method.config.__name__} with {key} {value!r}, the "
+                              f"recipe sets {recipe.training[key]!r}", fix=f"remove training.{key}")
     for index, entry in enumerate(recipe.rewards):
         reward_spec(entry, index)
 
@@ -230,3 +242,9 @@ def _check_integrations_installed(training: dict) -> None:
 def _check_fsdp_with_deepspeed(recipe: Recipe) -> None:
     if recipe.training.get("fsdp") and recipe.training.get("deepspeed"):
         raise RecipeError("training.fsdp", "is set together with training.deepspeed", fix="choose one of them")
+
+
+def _methods(names: list[str]) -> str:
+    """'method grpo', 'methods grpo and rloo': the methods a key belongs to, for an error."""
+    listed = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+    return f"method{'s' * (len(names) > 1)} {listed}"

@@ -21,7 +21,8 @@ def launch_world_size() -> int:
 def check_training_steps(recipe: Recipe, world_size: int | None = None) -> None:
     """The checks of this module, for a launch of ``world_size`` processes (default: this one's)."""
     world_size = world_size or launch_world_size()
-    if method_of(recipe.method).generates:
+    method = method_of(recipe.method)
+    if method.generates and any(f.name == "num_generations" for f in dataclasses.fields(method.config)):
         check_generations(recipe, world_size)
     check_best_model_steps(recipe.training)
 
@@ -35,16 +36,16 @@ def _value(training: dict[str, Any], config: type, key: str) -> Any:
 
 
 def check_generations(recipe: Recipe, world_size: int) -> None:
-    """GRPO samples ``num_generations`` completions per prompt and groups their rewards by prompt: a generation
+    """GRPO and RLOO sample ``num_generations`` completions per prompt and group their rewards by prompt: a generation
     batch (and an eval batch, across all processes) must hold whole groups (TRL's GRPOConfig divides by them)."""
     training = recipe.training
     config = method_of(recipe.method).config
     value = lambda key: _value(training, config, key)  # noqa: E731
     generations = value("num_generations")
     if generations is None or generations < 2:
-        raise RecipeError("training.num_generations", f"is {generations!r}: GRPO compares at least 2 completions "
-                          "of each prompt to compute advantages", fix="set training.num_generations to 2 or more "
-                          "(e.g. 4 or 8)")
+        raise RecipeError("training.num_generations", f"is {generations!r}: {recipe.method} compares at least 2 "
+                          "completions of each prompt to compute advantages",
+                          fix="set training.num_generations to 2 or more (e.g. 4 or 8)")
     per_device = value("per_device_train_batch_size")
     global_batch = per_device * world_size
     launch = f"{per_device} per device x {world_size} process(es)"

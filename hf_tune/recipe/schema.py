@@ -1,12 +1,13 @@
 """The schema of a recipe: our own sections as pydantic models, upstream sections checked against upstream types.
 
-Two top-level keys besides the sections: ``method`` (sft | dpo | kto | reward | grpo, hf_tune.catalog.methods), which picks
-the trainer and the upstream config class ``training`` is checked against; and ``rewards`` (method grpo): the reward
+Two top-level keys besides the sections: ``method`` (hf_tune.catalog.methods: sft, dpo, grpo, ...), which picks
+the trainer and the upstream config class ``training`` is checked against; and ``rewards`` (methods grpo and rloo): the reward
 functions, each a shipped name, a ``module:function`` path, or ``{name: ..., <its keyword arguments>}``
 (hf_tune.catalog.rewards).
 
 Sections:
   model     -> ``from_pretrained`` arguments plus ``task``                      (ours: ModelSection)
+  teacher   -> method distillation's frozen teacher: the same keys as ``model``    (ours: ModelSection)
   lora      -> ``peft.LoraConfig`` keyword arguments, verbatim; absent = full fine-tune
   data      -> ``datasets.load_dataset`` arguments plus format / rendering keys   (ours: DataSection)
   training  -> ``transformers.TrainingArguments`` keyword arguments, verbatim (or the method's TRL config class)
@@ -231,7 +232,7 @@ class MachineSection(_Section):
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="memory of one GPU, in GB (2**30 bytes)")
 
 
-SECTIONS = ("method", "rewards", "model", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile",
+SECTIONS = ("method", "rewards", "model", "teacher", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile",
             "resilience", "machine")
 
 
@@ -253,6 +254,7 @@ class Recipe:
     machine: MachineSection | None = None
     method: str = "sft"
     rewards: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
+    teacher: ModelSection | None = None
     source: Path | None = None
 
     @property
@@ -271,6 +273,7 @@ class Recipe:
             "method": self.method,
             "rewards": copy.deepcopy(self.rewards) or None,
             "model": self.model.model_dump(exclude_none=True),
+            "teacher": self.teacher.model_dump(exclude_none=True) if self.teacher else None,
             "lora": copy.deepcopy(self.lora),
             "data": self._data_dict(),
             "training": copy.deepcopy(self.training),

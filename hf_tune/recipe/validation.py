@@ -46,6 +46,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     profile = _parse_section(ProfileSection, raw["profile"] or {}, "profile") if "profile" in raw else None
     resilience = _parse_section(ResilienceSection, raw.get("resilience") or {}, "resilience")
     machine = _parse_section(MachineSection, raw["machine"] or {}, "machine") if raw.get("machine") is not None else None
+    teacher = _parse_section(ModelSection, raw["teacher"], "teacher") if raw.get("teacher") is not None else None
 
     from peft import LoraConfig
 
@@ -62,8 +63,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
                     hub=hub, search=search, tracking=tracking, profile=profile, resilience=resilience, machine=machine,
-                    method=method.name,
-                    rewards=list(raw.get("rewards") or []), source=source)
+                    method=method.name, rewards=list(raw.get("rewards") or []), teacher=teacher, source=source)
     check_method(recipe, raw)
     _check_files(recipe)
     check_consistency(recipe, optim_given="optim" in raw)
@@ -183,10 +183,12 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 def _check_files(recipe: Recipe) -> None:
     """Local files the recipe names must exist (a Hub id's availability is a preflight check: it needs the network)."""
-    model_name = recipe.model.pretrained_model_name_or_path
-    if looks_like_local_path(model_name) and not os.path.isdir(os.path.expanduser(model_name)):
-        raise RecipeError("model.pretrained_model_name_or_path", f"no such folder: {model_name}",
-                          fix="name a folder holding config.json, a Hub id (org/name), or embedded:SmolLM2-135M-Instruct")
+    for key, model in (("model", recipe.model), ("teacher", recipe.teacher)):
+        model_name = model.pretrained_model_name_or_path if model else ""
+        if looks_like_local_path(model_name) and not os.path.isdir(os.path.expanduser(model_name)):
+            raise RecipeError(f"{key}.pretrained_model_name_or_path", f"no such folder: {model_name}",
+                              fix="name a folder holding config.json, a Hub id (org/name), or "
+                                  "embedded:SmolLM2-135M-Instruct")
     sources = recipe.data.train_sources + ([("data.eval", recipe.data.eval)] if recipe.data.eval else [])
     for name, source in sources:
         if Path(source.path).suffix in LOCAL_DATA_SUFFIXES and not Path(source.path).is_file():

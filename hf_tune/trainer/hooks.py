@@ -89,11 +89,9 @@ class HfTuneMixin:
         if skips is not None and skips.skips(self.state.global_step + 1):
             return skips.skip(self.state.global_step + 1, inputs, self.args.device)
         throughput = self.throughput
-        if throughput is not None and isinstance(inputs, Mapping) and "input_ids" in inputs:  # GRPO: prompts only
-            counted = inputs
-            if "completion_mask" in inputs and "labels" not in inputs:  # TRL's pairs: the completions are trained
-                counted = {**inputs, "labels": inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)}
-            throughput.add(counted)
+        if throughput is not None and isinstance(inputs, Mapping):
+            for counted in counted_batches(inputs):
+                throughput.add(counted)
         return super().training_step(model, inputs, num_items_in_batch)
 
     @override
@@ -146,6 +144,19 @@ class HfTuneMixin:
         if "eval_loss" in logs and self.perplexity:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 50.0))  # capped: exp overflows past ~709
         super().log(logs, start_time)
+
+
+def counted_batches(inputs: Mapping) -> list[Mapping]:
+    """A training batch as the sequences the model runs, with labels on the trained tokens, for the throughput
+    counts: GRPO's and RLOO's batches hold prompts only here (counted once sampled: ``generated_batch``)."""
+    if "input_ids" in inputs:
+        if "completion_mask" in inputs and "labels" not in inputs:  # TRL's pairs: the completions are trained
+            return [{**inputs, "labels": inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)}]
+        return [inputs]
+    if "chosen_input_ids" in inputs:  # ORPO's and CPO's pairs: each side padded on its own, -100 on the prompt
+        return [{"input_ids": inputs[f"{side}_input_ids"], "attention_mask": inputs[f"{side}_attention_mask"],
+                 "labels": inputs[f"{side}_labels"]} for side in ("chosen", "rejected")]
+    return []
 
 
 def generated_batch(inputs: Mapping) -> dict[str, torch.Tensor]:

@@ -1,0 +1,273 @@
+"""ORPO and SimPO (preference pairs, no reference model), RLOO (rewards, leave-one-out baseline) and distillation
+(a frozen teacher): each an entry of hf_tune's method table, each loss written here from its paper's formula on
+log-probabilities or logits, never read back from TRL."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO, save_tiny_llama
+from inputs import PAIRS, conversational_pairs, method_recipe, write_jsonl
+from hf_tune import load_recipe
+from hf_tune.build.run_build import build_run
+from hf_tune.errors import RecipeError
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def pair_logps(model, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sum, token count) of the completion tokens' log-probabilities of the chosen and of the rejected sequences of
+    a TRL pair batch (``chosen_input_ids`` / ``chosen_labels``, -100 on the prompt), written here."""
+    out = []
+    for side in ("chosen", "rejected"):
+        logits = model(input_ids=batch[f"{side}_input_ids"], attention_mask=batch[f"{side}_attention_mask"]).logits
+        labels = batch[f"{side}_labels"][:, 1:]
+        mask = labels != -100
+        token_logps = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels.clamp(min=0).unsqueeze(-1))
+        out += [(token_logps.squeeze(-1) * mask).sum(1), mask.sum(1)]
+    return tuple(out)
+
+
+def moved_adapter(model, seed: int = 0) -> None:
+    """Moves LoRA's B away from 0 so that chosen and rejected log-probabilities differ more than at initialisation."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.05)
+
+
+# --- ORPO and SimPO -----------------------------------------------------------------------------------------------
+
+def test_orpo_loss_is_the_chosen_nll_minus_lambda_log_sigmoid_of_the_log_odds_ratio(tmp_path, tiny_llama_dir):
+    """Hong et al. 2024, eq. 6-7: L = NLL(chosen) - lambda * log sigmoid(log odds(chosen) - log odds(rejected)),
+    odds(y) = P(y) / (1 - P(y)) with P(y) the geometric mean of the response's token probabilities (exp of their mean
+    log). TRL's NLL term is the next-token loss over the whole chosen sequence, prompt included (docs/methods.md)."""
+    raw = method_recipe("orpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        beta=0.25, per_device_train_batch_size=3)
+    trainer = build_run(load_recipe(raw)).trainer
+    assert trainer.ref_model is None if hasattr(trainer, "ref_model") else True
+    model = trainer.model
+    moved_adapter(model)
+    batch = next(iter(trainer.get_train_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        chosen_sum, chosen_n, rejected_sum, rejected_n = pair_logps(model, batch)
+        mean_c, mean_r = chosen_sum / chosen_n, rejected_sum / rejected_n
+        log_odds = (mean_c - torch.log1p(-torch.exp(mean_c))) - (mean_r - torch.log1p(-torch.exp(mean_r)))
+        # TRL's NLL term covers the chosen sequence's every token, prompt included (the paper: the response only)
+        logits = model(input_ids=batch["chosen_input_ids"], attention_mask=batch["chosen_attention_mask"]).logits
+        targets = batch["chosen_input_ids"].masked_fill(batch["chosen_attention_mask"] == 0, -100)[:, 1:]
+        nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        expected = nll - 0.25 * F.logsigmoid(log_odds).mean()
+        got = trainer.compute_loss(model, batch)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert F.logsigmoid(log_odds).mean().abs() > 1e-3  # the odds-ratio term is part of what was compared
+
+
+def test_simpo_loss_is_the_length_normalised_margin(tmp_path, tiny_llama_dir):
+    """Meng et al. 2024, eq. 6: L = -log sigmoid(beta * (mean log p(chosen) - mean log p(rejected)) - gamma); hf_tune's
+    simpo is TRL's CPO with loss_type simpo and no NLL term (cpo_alpha 0), and no reference model."""
+    raw = method_recipe("simpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        beta=2.0, simpo_gamma=0.3, per_device_train_batch_size=3)
+    trainer = build_run(load_recipe(raw)).trainer
+    assert (trainer.args.loss_type, trainer.args.cpo_alpha) == ("simpo", 0.0)
+    model = trainer.model
+    moved_adapter(model, seed=1)
+    batch = next(iter(trainer.get_train_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        chosen_sum, chosen_n, rejected_sum, rejected_n = pair_logps(model, batch)
+        margin = chosen_sum / chosen_n - rejected_sum / rejected_n
+        expected = -F.logsigmoid(2.0 * margin - 0.3).mean()
+        got = trainer.compute_loss(model, batch)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert margin.abs().max() > 1e-3
+
+
+def test_simpo_refuses_a_loss_type_that_is_not_simpo(tmp_path, tiny_llama_dir):
+    raw = method_recipe("simpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        loss_type="sigmoid")
+    with pytest.raises(RecipeError, match=r"training.loss_type: method 'simpo' runs CPOConfig with loss_type "
+                                          r"'simpo', the recipe sets 'sigmoid'\n  fix: remove training.loss_type"):
+        load_recipe(raw)
+
+
+@pytest.mark.parametrize("method", ["orpo", "simpo"])
+def test_orpo_and_simpo_train_with_lora_llrd_groups_and_the_schedule(tmp_path, tiny_llama_dir, method):
+    raw = method_recipe(method, tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
+                        max_steps=4, warmup_steps=1, lr_scheduler_type="cosine", learning_rate=1e-3)
+    raw["optim"] = {"layerwise_lr_decay": 0.5}
+    trainer = build_run(load_recipe(raw)).trainer
+    seen, real = [], trainer.compute_loss
+
+    def recording(model, inputs, *args, **kwargs):  # each pair batch's tokens, counted here independently
+        seen.append(int(inputs["chosen_attention_mask"].sum() + inputs["rejected_attention_mask"].sum()))
+        return real(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recording
+    trainer.train()
+    peak_of = {id(p): g["initial_lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
+    trained = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert len(peak_of) == len(trained)
+    for name, param in trained:  # 2 blocks: block i at depth i + 1, its peak LR 1e-3 * 0.5 ** (2 - block)
+        block = int(name.split(".layers.")[1].split(".")[0])
+        assert peak_of[id(param)] == pytest.approx(1e-3 * 0.5 ** (2 - block))
+    # warmup over step 1, then cosine to 0 over the 3 steps left; Trainer logs at step s the LR step s ran with
+    peak = 1e-3 * 0.5 ** 2  # the first group: block 0
+    assert logged(trainer, "learning_rate") == pytest.approx(
+        [0.0] + [peak * 0.5 * (1 + math.cos(math.pi * k / 3)) for k in range(3)])
+    factors = {g["lr"] / g["initial_lr"] for g in trainer.optimizer.param_groups}
+    assert len({round(f, 12) for f in factors}) == 1  # every group on the one schedule
+    losses = logged(trainer, "loss")
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    totals = trainer.throughput.total  # both sides of every pair: 4 steps of 2 pairs
+    assert totals["tokens"] == sum(seen) and totals["examples"] == 4 * 2 * 2
+
+
+# --- RLOO ---------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def length_reward(tmp_path):
+    """A reward module on sys.path: the character count of each completion mod 3, each call's scores recorded."""
+    (tmp_path / "length_rewards.py").write_text(
+        "SEEN = []\n\ndef length_reward(prompts, completions, **columns):\n"
+        "    scores = [float(len(c[-1]['content'] if isinstance(c, list) else c) % 3) for c in completions]\n"
+        "    SEEN.append(scores)\n    return scores\n")
+    sys.path.insert(0, str(tmp_path))
+    import length_rewards
+
+    yield length_rewards
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("length_rewards", None)
+
+
+def prompts_file(path: Path, n: int = 8) -> Path:
+    return write_jsonl(path, [{"prompt": [{"role": "user", "content": f"What is {a} + 1?"}], "answer": str(a + 1)}
+                              for a in range(n)])
+
+
+def test_rloo_advantages_are_leave_one_out_and_its_gradient_is_reinforces(tmp_path, tiny_llama_dir, length_reward):
+    """Ahmadian et al. 2024: A_i = r_i - mean of the group's other rewards, and the policy gradient is
+    -mean_i(A_i * grad log p(y_i)) with log p(y_i) summed over the completion's tokens (one update per sampling: the
+    importance ratio is 1, so clipping never acts)."""
+    raw = method_recipe("rloo", tiny_llama_dir, prompts_file(tmp_path / "q.jsonl"), tmp_path / "run",
+                        per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=1,
+                        beta=0.0, normalize_advantages=False, temperature=1.0)
+    raw["rewards"] = ["length_rewards:length_reward"]
+    trainer = build_run(load_recipe(raw)).trainer
+    batches, gradients, real = [], [], trainer.compute_loss
+    model = trainer.model
+
+    def gradient(loss_of) -> list[torch.Tensor]:
+        model.zero_grad()
+        loss_of().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        model.zero_grad()
+        return grads
+
+    def written_here(batch):  # at the weights that sampled the batch, before the step
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+        n = batch["completion_ids"].shape[1]
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -n - 1:-1].float()  # temperature 1
+        token = torch.log_softmax(logits, -1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        logp = (token * batch["completion_mask"]).sum(1)
+        return -(batch["advantages"] * torch.exp(logp - logp.detach())).mean()
+
+    def recording(model_, inputs, *args, **kwargs):
+        batches.append(inputs)
+        gradients.append((gradient(lambda: written_here(inputs)), gradient(lambda: real(model_, inputs))))
+        return real(model_, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recording
+    trainer.train()
+    (batch,) = batches
+    tokenizer = trainer.processing_class  # the batch is shuffled after scoring: each row's reward recomputed here
+    texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+             for ids, mask in zip(batch["completion_ids"], batch["completion_mask"])]
+    rewards = torch.tensor([float(len(text) % 3) for text in texts])
+    assert sorted(rewards.tolist()) == sorted(length_reward.SEEN[0])
+    k = 4  # one prompt, its 4 completions
+    groups = rewards.view(-1, k)
+    expected = (groups - (groups.sum(1, keepdim=True) - groups) / (k - 1)).view(-1)
+    assert batch["advantages"] == pytest.approx(expected.tolist(), abs=1e-6)
+    assert expected.abs().max() > 0  # the rewards differ within a group: the check has a gradient to compare
+    ((mine, theirs),) = gradients
+    assert all(torch.allclose(a, b, atol=1e-7, rtol=1e-4) for a, b in zip(mine, theirs))
+    assert any(g.abs().max() > 0 for g in mine)
+
+
+# --- distillation -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, smol_tokenizer) -> str:
+    """Another random tiny Llama (seed 1) with the student's tokenizer, its head scaled up so that its next-token
+    distributions are peaked: far from the student's near-uniform ones, a divergence the student can close."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(save_tiny_llama(tmp_path_factory.mktemp("teacher"), smol_tokenizer, seed=1))
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def reverse_kl(student, teacher, batch) -> torch.Tensor:
+    """Gu et al. 2024 (MiniLLM) / Agarwal et al. 2024 (GKD, beta = 1): KL(student || teacher) of the next-token
+    distributions at each completion position, averaged over the completion tokens, written here."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    n = batch["completion_ids"].shape[1]
+    log_s = torch.log_softmax(student(input_ids=ids, attention_mask=mask).logits[:, -n - 1:-1].float(), -1)
+    with torch.no_grad():
+        log_t = torch.log_softmax(teacher(input_ids=ids, attention_mask=mask).logits[:, -n - 1:-1].float(), -1)
+    per_token = (log_s.exp() * (log_s - log_t)).sum(-1)
+    return (per_token * batch["completion_mask"]).sum() / batch["completion_mask"].sum()
+
+
+def distillation_recipe(tmp_path: Path, student: str, teacher: str, **training) -> dict:
+    raw = method_recipe("distillation", student, prompts_file(tmp_path / "q.jsonl"), tmp_path / "run", lora=False,
+                        per_device_train_batch_size=4, max_completion_length=6, **training)
+    raw["teacher"] = {"pretrained_model_name_or_path": teacher}
+    return raw
+
+
+def test_distillation_loss_is_the_reverse_kl_to_the_frozen_teacher_and_it_falls(tmp_path, tiny_llama_dir,
+                                                                                 teacher_dir):
+    raw = distillation_recipe(tmp_path, tiny_llama_dir, teacher_dir, max_steps=12, learning_rate=1e-2,
+                              lr_scheduler_type="constant")
+    trainer = build_run(load_recipe(raw)).trainer
+    teacher = trainer.teacher_model
+    assert not any(p.requires_grad for p in teacher.parameters()) and not teacher.training
+    before = {name: p.clone() for name, p in teacher.named_parameters()}
+    batches, step_one, real = [], [], trainer.compute_loss
+
+    def recording(model, inputs, *args, **kwargs):
+        batches.append(inputs)
+        loss = real(model, inputs, *args, **kwargs)
+        if len(batches) == 1:
+            with torch.no_grad():
+                step_one.append((loss.item(), reverse_kl(model, teacher, inputs).item()))
+        return loss
+
+    trainer.compute_loss = recording
+    trainer.train()
+    ((loss, expected),) = step_one
+    assert loss == pytest.approx(expected, rel=1e-4)
+    assert all(torch.equal(before[name], p) for name, p in teacher.named_parameters())  # frozen
+    with torch.no_grad():  # the same sampled sequences, scored by the student before and after: it moved closer
+        first = batches[0]
+        after = reverse_kl(trainer.model, teacher, first).item()
+    assert after < 0.85 * expected
+    losses = logged(trainer, "loss")  # and the divergence of each step's fresh samples fell too
+    assert sum(losses[-3:]) < 0.85 * sum(losses[:3])
