@@ -155,6 +155,16 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "evaluation_task_data_missing": "evaluation.tasks",
     "image_missing_file": "data.train",
     "vision_chat_missing_image": "data.train",
+    # issue 45: distillation, RLOO, ORPO, SimPO and typed content parts
+    "distillation_without_teacher": "teacher",
+    "teacher_with_dpo": "teacher",
+    "teacher_missing_folder": "teacher.pretrained_model_name_or_path",
+    "teacher_unknown_key": "teacher.revison",
+    "simpo_loss_type": "training.loss_type",
+    "rloo_without_rewards": "rewards",
+    "orpo_chosen_empty": "data.train",
+    "chat_unknown_part_type": "data.train",
+    "chat_part_without_text": "data.train",
 }
 
 EXPECTED_TEXT = {  # what the message says besides the key: where in the file, and what was expected
@@ -246,6 +256,18 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
     "training_liger_not_installed": ["needs the liger_kernel package, which is not installed", "pip install liger-kernel"],
     "evaluation_task_mistyped_for_best_model": ["'hf_tune_arithmtic' is not the task training.metric_for_best_model",
                                                 "did you mean 'hf_tune_arithmetic'?"],
+    "distillation_without_teacher": ["method 'distillation' learns from a teacher model, and the recipe names none"],
+    "teacher_with_dpo": ["only method distillation learns from a teacher; method 'dpo' does not"],
+    "teacher_missing_folder": ["no such folder: ./models/teacher-gone"],
+    "teacher_unknown_key": ["did you mean 'revision'?"],
+    "simpo_loss_type": ["method 'simpo' runs CPOConfig with loss_type 'simpo', the recipe sets 'sigmoid'"],
+    "rloo_without_rewards": ["method 'rloo' needs at least one reward function"],
+    "orpo_chosen_empty": ["line 2 (example 2 of 2), column 'chosen': the answer is empty"],
+    "chat_unknown_part_type": ["data/chat_unknown_part.jsonl, line 2 (example 2 of 2), column 'messages': turn 1: "
+                               "content part 2 has type 'input_audio', which chat does not read: expected one of "
+                               "'text', 'reasoning', 'tool_call'"],
+    "chat_part_without_text": ["line 2 (example 2 of 2), column 'messages': turn 1: content part 1 (text) has keys "
+                               "['content', 'type']: its text goes in 'text' (OpenAI) or 'value' (LLaMA-Factory)"],
     "evaluation_task_data_missing": ["the lm-eval task 'house_quiz (data/task_missing_data.yaml)' reads "
                                      "'data/house_quiz_gone.jsonl', which does not exist"],
 }

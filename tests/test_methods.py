@@ -393,7 +393,9 @@ def test_shipped_rewards_read_answers_like_a_person_would():
 def test_every_shipped_method_recipe_validates(monkeypatch):
     monkeypatch.chdir(REPO)  # the recipes name their data files relative to the repository
     expected = {"llm_dpo": ("dpo", "causal_lm"), "reward_model": ("reward", "reward_model"),
-                "llm_grpo": ("grpo", "causal_lm")}  # a reward model's task follows its method
+                "llm_grpo": ("grpo", "causal_lm"), "llm_rloo": ("rloo", "causal_lm"),
+                "llm_orpo": ("orpo", "causal_lm"), "llm_simpo": ("simpo", "causal_lm"),
+                "llm_distillation": ("distillation", "causal_lm")}  # a reward model's task follows its method
     for name, (method, task) in expected.items():
         recipe = load_recipe(REPO / "recipes" / f"{name}.yaml")  # read, then preflight
         assert (recipe.method, recipe.model.task) == (method, task), name

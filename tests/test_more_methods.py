@@ -271,3 +271,78 @@ def test_distillation_loss_is_the_reverse_kl_to_the_frozen_teacher_and_it_falls(
     assert after < 0.85 * expected
     losses = logged(trainer, "loss")  # and the divergence of each step's fresh samples fell too
     assert sum(losses[-3:]) < 0.85 * sum(losses[:3])
+
+
+def test_a_teacher_of_another_vocabulary_is_refused_by_its_key(tmp_path, tiny_llama_dir, smol_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(smol_tokenizer) + 64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "other")
+    smol_tokenizer.save_pretrained(tmp_path / "other")
+    raw = distillation_recipe(tmp_path, tiny_llama_dir, str(tmp_path / "other"))
+    with pytest.raises(RecipeError, match=rf"teacher.pretrained_model_name_or_path: {tmp_path / 'other'} has a "
+                                          rf"vocabulary of {len(smol_tokenizer) + 64} tokens, the student "
+                                          rf"{len(smol_tokenizer)}"):
+        build_run(load_recipe(raw))
+
+
+def test_the_plan_shows_no_reference_for_orpo_and_the_teachers_memory_partitioned_under_zero3(
+        tmp_path, tiny_llama_dir, teacher_dir):
+    from transformers import AutoModelForCausalLM
+
+    from hf_tune.commands.plan import format_plan, plan
+
+    orpo = plan(load_recipe(method_recipe("orpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"),
+                                          tmp_path / "orpo")))
+    assert orpo["reference"] == "none" and orpo["method_batch"].startswith("2 pairs per step: 4 sequences")
+    assert "reference model: none" in format_plan(orpo)
+    weights = sum(p.numel() * p.element_size() for p in AutoModelForCausalLM.from_pretrained(teacher_dir).parameters())
+    raw = distillation_recipe(tmp_path, tiny_llama_dir, teacher_dir)
+    alone = plan(load_recipe(raw), world_size=2)
+    assert alone["teacher"]["bytes"] == weights and alone["teacher"]["bytes_per_rank"] == weights  # whole per rank
+    raw["training"]["deepspeed"] = str(REPO / "ds_configs" / "zero3.json")
+    partitioned = plan(load_recipe(raw), world_size=2)
+    assert partitioned["teacher"]["bytes_per_rank"] == weights // 2
+    text = format_plan(partitioned)
+    assert f"{partitioned['teacher']['params']:,} parameters in float32, frozen" in text
+    assert "partitioned over the ranks (ZeRO-3)" in text and "+ the teacher's weights" in text
+    from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
+
+    student = partitioned["memory_per_rank"][partitioned["setup"]][0]  # the peak counts the teacher beside them
+    assert partitioned["peak_per_rank"] == (student + partitioned["activations"]["peak_bytes"] + RUNTIME_RESERVE_BYTES
+                                            + weights // 2)
+
+
+def test_orpo_resumed_from_its_checkpoint_trains_the_same_losses_and_adapter_bit_for_bit(tmp_path, tiny_llama_dir):
+    """Run A trains 6 steps, saving at 3 and 6; run B resumes from A's checkpoint-3 in another folder. B's steps 4-6
+    must log A's losses and end on A's adapter exactly: the data order, the RNG and the optimizer state all restored."""
+    from safetensors.torch import load_file
+
+    from hf_tune import train
+
+    data = conversational_pairs(tmp_path / "p.jsonl")
+
+    def recipe(name: str, **training):
+        return load_recipe(method_recipe("orpo", tiny_llama_dir, data, tmp_path / name, max_steps=6,
+                                         save_strategy="steps", save_steps=3, learning_rate=5e-3, seed=3, **training))
+
+    a = train(recipe("a"))
+    b = train(recipe("b", resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3")))
+    steps = lambda trainer: {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}  # noqa: E731
+    assert sorted(steps(b)) == [1, 2, 3, 4, 5, 6]  # 1-3 from the checkpoint's state, 4-6 trained by B
+    assert steps(b) == steps(a)
+    assert not (tmp_path / "b" / "checkpoint-3").exists() and (tmp_path / "b" / "checkpoint-6").exists()  # B began at 3
+    mine, theirs = load_file(tmp_path / "b" / "adapter_model.safetensors"), load_file(
+        tmp_path / "a" / "adapter_model.safetensors")
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_the_plan_shows_rloos_reference_only_with_its_kl_penalty(tmp_path, tiny_llama_dir):
+    from hf_tune.commands.plan import plan
+
+    for beta, reference in ((0.0, "none"), (0.05, "the base with the adapter disabled (no copy)")):
+        raw = method_recipe("rloo", tiny_llama_dir, prompts_file(tmp_path / "q.jsonl"), tmp_path / "run",
+                            per_device_train_batch_size=4, num_generations=2, beta=beta)
+        raw["rewards"] = ["exact_answer"]
+        assert plan(load_recipe(raw))["reference"] == reference

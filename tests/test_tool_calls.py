@@ -310,3 +310,14 @@ def test_a_part_chat_cannot_read_is_refused_by_name(content, role, message):
 
     turns = [{"role": role, "content": content}, {"role": "assistant", "content": "ok"}]
     assert turns_problem(turns, ("role", "content"), "messages") == f"turn 1: {message}"
+
+
+def test_tool_call_parts_with_a_template_that_drops_tools_are_refused(smol_tokenizer, tmp_path):
+    """The calls of LLaMA-Factory's parts count as tool calls even without a tools column: SmolLM2's ChatML would
+    drop them silently."""
+    rows = [json.loads(line) for line in REASONING.read_text().splitlines()]
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps({"messages": row["messages"]}) + "\n" for row in rows))
+    raw = load_source(DatasetSource(path=str(path)), "data.train", "chat")
+    with pytest.raises(HfTuneError, match=r"data.chat_template: the data has tool calls but the chat template drops"):
+        tokenize_dataset(raw, smol_tokenizer, DataSection(train={"path": str(path)}), "data.train")

@@ -32,6 +32,7 @@ class Method:
     teacher: bool = False  # learns from a frozen teacher model (the recipe's ``teacher`` section)
     config_fixed: tuple[tuple[str, Any], ...] = ()  # config values that make the method (simpo: CPO's loss_type)
     config_defaults: tuple[tuple[str, Any], ...] = ()  # config defaults it sets where the recipe is silent
+    spelled: str = ""  # its name as its paper spells it (the model card), where not the name in capitals
 
     @property
     def config(self) -> type:
@@ -45,6 +46,10 @@ class Method:
     def formats(self) -> tuple[str, ...]:
         """The data.format values it reads (hf_tune.catalog.formats), its default first."""
         return formats_read_by(self.name)
+
+    @property
+    def title(self) -> str:
+        return self.spelled or self.name.upper()
 
     @property
     def uses_trl(self) -> bool:
@@ -78,7 +83,8 @@ METHODS = {
                     "and rejected, no reference model (TRL's CPO with loss_type simpo)",
                     eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"),
                     config_fixed=(("loss_type", "simpo"),),
-                    config_defaults=(("cpo_alpha", 0.0),)),  # SimPO alone; cpo_alpha > 0 adds CPO's NLL term
+                    config_defaults=(("cpo_alpha", 0.0),),  # SimPO alone; cpo_alpha > 0 adds CPO's NLL term
+                    spelled="SimPO"),
     "distillation": Method("distillation", "trl:DistillationConfig", "trl:DistillationTrainer", ("causal_lm",),
                            "on-policy distillation: the student's sampled completions matched to a teacher's "
                            "next-token distribution (generalised JSD)", generates=True, teacher=True,
@@ -93,6 +99,14 @@ def method_of(name: str | None) -> Method:
 
 def _resolve(dotted: str) -> type:
     module, name = dotted.split(":")
-    with warnings.catch_warnings():  # ORPO and CPO live in trl.experimental: pinned (pyproject) and tested here
+    with warnings.catch_warnings():  # ORPO and CPO live in trl.experimental: tested at the TRL of constraints.txt
         warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'")
-        return getattr(importlib.import_module(module), name)
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:  # an experimental trainer moved or went in a TRL release
+            from importlib.metadata import version
+
+            from hf_tune.errors import HfTuneError
+
+            raise HfTuneError(f"{dotted} is not in the installed TRL {version('trl')} ({err})\n  fix: install the "
+                              "TRL hf_tune was tested with: pip install 'trl==1.16.*'") from err

@@ -68,7 +68,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
     result = {
         "method": method.name,
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
-        "reference": reference_model(recipe, method),
+        "reference": reference_model(recipe, method, args),
         "examples": examples,
         "data_not_read": missing,
         "tokens_per_example": tokens,
@@ -247,9 +247,10 @@ def method_batch(method, effective: int, generations: int, batch_tokens: int | N
     return f"{effective} examples per step"
 
 
-def reference_model(recipe: Recipe, method) -> str:
-    """What the method compares against: nothing, or the frozen reference (the base under the adapter, or a copy)."""
-    if not method.reference:
+def reference_model(recipe: Recipe, method, args) -> str:
+    """What the method compares against: nothing, or the frozen reference (the base under the adapter, or a copy):
+    dpo and kto always, grpo and rloo where their KL penalty is on (``training.beta`` > 0)."""
+    if not (method.reference or method.rewarded and getattr(args, "beta", 0.0)):
         return "none"
     return "the base with the adapter disabled (no copy)" if recipe.lora is not None else \
         "a frozen copy of the model (full fine-tune)"

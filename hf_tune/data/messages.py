@@ -211,7 +211,8 @@ def load_tools(tools: str | list[dict[str, Any]] | None) -> list[dict[str, Any]]
 
 def uses_tools(raw, tools: list[dict[str, Any]] | None) -> bool:
     """Whether a chat dataset offers tools or calls them: ``data.tools``, a ``tools`` column, messages with a
-    ``tool_calls`` key, or ShareGPT ``function_call`` turns (read from Arrow, without a Python loop over rows)."""
+    ``tool_calls`` key or ``tool_call`` content parts, or ShareGPT ``function_call`` turns (read from Arrow, without a
+    Python loop over rows)."""
     import pyarrow.compute as pc
 
     if tools or TOOLS_COLUMN in raw.column_names:
@@ -227,4 +228,18 @@ def uses_tools(raw, tools: list[dict[str, Any]] | None) -> bool:
         found = pc.any(pc.equal(values, test)).as_py() if test else values.null_count < len(values)
         if found:
             return True
-    return False
+    return "messages" in raw.column_names and _has_tool_call_parts(pc.list_flatten(table["messages"]))
+
+
+def _has_tool_call_parts(turns) -> bool:
+    import pyarrow.compute as pc
+
+    if not hasattr(turns.type, "get_field_index") or turns.type.get_field_index("content") < 0:
+        return False
+    content = pc.struct_field(turns, "content")
+    if not hasattr(content.type, "value_type"):  # string content (or Json, read row by row elsewhere)
+        return False
+    parts = pc.list_flatten(content)
+    if not hasattr(parts.type, "get_field_index") or parts.type.get_field_index("type") < 0:
+        return False
+    return bool(pc.any(pc.equal(pc.struct_field(parts, "type"), "tool_call")).as_py())

@@ -76,6 +76,8 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
                                       "num_generations", "max_completion_length") if k in training}
     if recipe.get("rewards"):
         hyper["rewards"] = recipe["rewards"]
+    if recipe.get("teacher"):
+        hyper["teacher"] = recipe["teacher"]["pretrained_model_name_or_path"]
     hyper.update({f"lora.{k}": v for k, v in (recipe.get("lora") or {}).items()})
     hyper.update({f"optim.{k}": v for k, v in recipe.get("optim", {}).items()})
     body = [
@@ -83,7 +85,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
         f"{'A LoRA adapter for' if lora else 'A fine-tune of'} {f'`{base}`' if base else 'a local base model'}"
         f"{' (merged into the base weights)' if merged else ''}, trained with "
         f"[hf_tune](https://pypi.org/project/hf-tune/) for {task.name.replace('_', ' ')}"
-        + (f", by {method.name.upper()} ({method.summary})." if method.uses_trl else "."), "",
+        + (f", by {method.title} ({method.summary})." if method.uses_trl else "."), "",
         *_base_lines(model["pretrained_model_name_or_path"], base, given=bool(base_model), lora=lora and not local,
                      repo_id=repo_id),
         "## Training data", "",
