@@ -236,8 +236,9 @@ def reverse_kl(student, teacher, batch) -> torch.Tensor:
 
 
 def distillation_recipe(tmp_path: Path, student: str, teacher: str, **training) -> dict:
+    training = {"per_device_train_batch_size": 4, "max_completion_length": 6, **training}
     raw = method_recipe("distillation", student, prompts_file(tmp_path / "q.jsonl"), tmp_path / "run", lora=False,
-                        per_device_train_batch_size=4, max_completion_length=6, **training)
+                        **training)
     raw["teacher"] = {"pretrained_model_name_or_path": teacher}
     return raw
 
@@ -346,3 +347,32 @@ def test_the_plan_shows_rloos_reference_only_with_its_kl_penalty(tmp_path, tiny_
                             per_device_train_batch_size=4, num_generations=2, beta=beta)
         raw["rewards"] = ["exact_answer"]
         assert plan(load_recipe(raw))["reference"] == reference
+
+
+@pytest.mark.slow
+def test_under_zero3_the_teacher_is_partitioned_over_the_ranks_and_frozen(tmp_path, tiny_llama_dir, teacher_dir):
+    """One 2-rank ZeRO-3 launch (torchrun): each rank holds only its shard of every teacher weight (DeepSpeed pads
+    each to a multiple of the ranks: ceil(n / 2) here, counted from the teacher's own files), none trainable, and
+    the run trains with LoRA on the student."""
+    import json
+
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    import launch
+
+    raw = distillation_recipe(tmp_path, tiny_llama_dir, teacher_dir, per_device_train_batch_size=2, max_steps=2,
+                              deepspeed="zero3")
+    raw["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    env = {"TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    result = launch.run(*launch.zero(2, str(REPO / "tests" / "distillation_zero3_probe.py"), str(recipe),
+                                     str(tmp_path / "report")), env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights = [p.numel() for p in AutoModelForCausalLM.from_pretrained(teacher_dir).parameters()]
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"report.{rank}").read_text())
+        assert report["teacher_numel"] == sum(weights) and report["teacher_trainable"] == 0
+        assert report["teacher_local"] == sum(math.ceil(n / 2) for n in weights)  # a shard, not the whole
+        assert len(report["losses"]) == 2 and all(loss > 0 for loss in report["losses"])

@@ -77,3 +77,32 @@ def test_pbt_never_mutates_a_method(tmp_path, tiny_llama_dir, monkeypatch):
     with pytest.raises(RecipeError) as refused:
         load_recipe(raw)
     assert refused.value.key == "search.space.method" and "PBT mutates keys during a trial" in str(refused.value)
+
+
+def test_a_study_of_grpo_and_rloo_trains_each_on_the_same_prompts_and_rewards(tmp_path, tiny_llama_dir):
+    from conftest import DATA
+
+    raw = method_search(tiny_llama_dir, tmp_path, {"method": {"type": "categorical", "choices": ["grpo", "rloo"]}},
+                        method="grpo")
+    raw["data"] = {"train": {"path": str(DATA / "arithmetic_prompts.jsonl")}, "eval_split": 0.2}
+    raw["training"].update(num_generations=2, per_device_eval_batch_size=2, max_completion_length=4)
+    raw["rewards"] = ["exact_answer"]
+    result = search(load_recipe(raw))
+    assert sorted(t["params"]["method"] for t in result["trials"]) == ["grpo", "rloo"]
+    assert all(t["state"] == "COMPLETE" for t in result["trials"])
+
+
+def test_a_distillation_study_searches_the_divergence_with_lora(tmp_path, tiny_llama_dir, smol_tokenizer):
+    """beta 0 (forward KL) and 1 (reverse KL) of one student to one teacher: two trials, two different losses."""
+    from conftest import DATA, save_tiny_llama
+
+    teacher = save_tiny_llama(tmp_path / "teacher", smol_tokenizer, seed=1)
+    raw = method_search(tiny_llama_dir, tmp_path, {"training.beta": {"type": "categorical", "choices": [0.0, 1.0]}},
+                        method="distillation")
+    raw["data"] = {"train": {"path": str(DATA / "arithmetic_prompts.jsonl")}, "eval_split": 0.2}
+    raw["training"].update(max_completion_length=4)
+    raw["teacher"] = {"pretrained_model_name_or_path": teacher}
+    result = search(load_recipe(raw))
+    trials = result["trials"]
+    assert sorted(t["params"]["training.beta"] for t in trials) == [0.0, 1.0]
+    assert all(t["state"] == "COMPLETE" for t in trials) and trials[0]["values"] != trials[1]["values"]
