@@ -98,6 +98,9 @@ def test_every_preference_layout_reads_as_the_same_pairs(tmp_path):
         "factory_sharegpt.json": [{"conversations": [{"from": "human", "value": p}], "chosen": {"from": "gpt", "value": c},
                                    "rejected": {"from": "gpt", "value": r}} for p, c, r in PAIRS],
         "factory_alpaca.json": [{"instruction": p, "chosen": c, "rejected": r} for p, c, r in PAIRS],
+        "text_parts.jsonl": [{key: [{**m, "content": [{"type": "text", "text": m["content"][:3]},  # OpenAI's parts
+                                                      {"type": "text", "value": m["content"][3:]}]}  # LLaMA-Factory's
+                                    for m in e[key]] for key in e} for e in expected],
     }
     for name, rows in layouts.items():
         path = tmp_path / name
@@ -117,6 +120,10 @@ def test_shipped_llamafactory_pairs_read_like_the_shipped_trl_pairs():
 
 
 @pytest.mark.parametrize("row, message", [
+    ({"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": [
+        {"type": "reasoning", "value": "hm"}, {"type": "text", "value": "Hello"}]}],
+      "rejected": [{"role": "assistant", "content": "Bye"}]},
+     r"column 'chosen': message 1: a reasoning part: chosen messages take text parts only"),
     ({"prompt": "Hi", "chosen": "Hello"}, r"format 'preference' needs columns \['chosen', 'rejected'\]; missing \['rejected'\]"),
     ({"prompt": "Hi", "chosen": " ", "rejected": "Go away"}, r"line 2 \(example 2 of 2\), column 'chosen': the answer is empty"),
     ({"prompt": "Hi", "chosen": "Hello", "rejected": "Hello"}, r"line 2 \(example 2 of 2\), column 'rejected': equals 'chosen'"),

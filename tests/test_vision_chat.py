@@ -32,7 +32,14 @@ def independent_labels(tokenizer, ids: list[int]) -> list[int]:
     return labels
 
 
-def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path):
+def as_value_parts(row: dict) -> dict:
+    """LLaMA-Factory's spelling of a text part: its text under 'value' (TRL's and OpenAI's: 'text')."""
+    return {**row, "messages": [{**m, "content": [{"type": "text", "value": p["text"]} if p["type"] == "text" else p
+                                                  for p in m["content"]]} for m in row["messages"]]}
+
+
+@pytest.mark.parametrize("text_key", ["text", "value"])
+def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path, text_key):
     from transformers import AutoProcessor
 
     from hf_tune.build.training_args import build_training_arguments
@@ -40,7 +47,8 @@ def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path):
 
     paths = write_images(tmp_path / "images")
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in trl_rows(paths)))
+    rows = [row if text_key == "text" else as_value_parts(row) for row in trl_rows(paths)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     recipe = load_recipe(REPO / "recipes/vlm_lora.yaml", recipe_overrides(tiny_vlm, data, tmp_path / "run"))
     processor = AutoProcessor.from_pretrained(tiny_vlm)
     examples = build_training_data(recipe, processor, build_training_arguments(recipe)).train

@@ -19,7 +19,7 @@ from datasets import Dataset
 
 from hf_tune.data.formats import check_columns, format_of, row_refusal
 from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
-from hf_tune.data.messages import SHAREGPT_ROLES
+from hf_tune.data.messages import SHAREGPT_ROLES, content_problem, part_value
 from hf_tune.recipe.schema import DataSection, DatasetSource
 from hf_tune.catalog.rewards import check_reward_columns
 
@@ -55,6 +55,8 @@ def _load(source: DatasetSource, key: str, format: str, method: str, rewards: li
     read = [c for c in spec.column_names if c in dataset.column_names]
     normalized = dataset.map(_normalized, fn_kwargs={"format": format}, remove_columns=read,
                              desc=f"reading {key} ({format})")
+    normalized = normalized.rename_columns({c: c.removeprefix(_NEW) for c in normalized.column_names
+                                            if c.startswith(_NEW)})
     if method in spec.unpaired_for:
         from trl.data_utils import unpair_preference_dataset
 
@@ -62,8 +64,12 @@ def _load(source: DatasetSource, key: str, format: str, method: str, rewards: li
     return normalized
 
 
+_NEW = "hf_tune_normalized_"  # map keeps an input column's features for an output of its name (a Json-typed
+# content column, from typed parts beside strings, would re-encode the joined strings): outputs take new names
+
+
 def _normalized(example: dict[str, Any], format: str) -> dict[str, Any]:
-    return format_of(format).normalize(example)
+    return {_NEW + k: v for k, v in format_of(format).normalize(example).items()}
 
 
 class BadRow(Exception):
@@ -159,10 +165,25 @@ def _text_or_messages(value: Any, column: str) -> str | list[dict[str, str]]:
         if "from" in message:
             messages.extend(_sharegpt([message], column))
             continue
-        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+        content = message.get("content")
+        if isinstance(content, list):  # typed parts (OpenAI's text, LLaMA-Factory's text value): joined
+            content = _text_parts(content, column, number)
+        if not isinstance(message.get("role"), str) or not isinstance(content, str):
             raise BadRow(column, f"message {number} has keys {sorted(message)}, expected 'role' and 'content' strings")
-        messages.append({"role": message["role"], "content": message["content"]})
+        messages.append({"role": message["role"], "content": content})
     return messages
+
+
+def _text_parts(parts: list, column: str, number: int) -> str:
+    """A message's text parts joined (``hf_tune.data.messages``: as chat data reads them); TRL's trainers render the
+    pairs themselves, so reasoning and tool-call parts are refused here by name."""
+    problem = content_problem(parts, "assistant")
+    if problem is None and any(part["type"] != "text" for part in parts):
+        kind = next(part["type"] for part in parts if part["type"] != "text")
+        problem = f"a {kind} part: {column} messages take text parts only"
+    if problem:
+        raise BadRow(column, f"message {number}: {problem}")
+    return "".join(part_value(part) for part in parts)
 
 
 def _sharegpt(turns: Any, column: str) -> list[dict[str, str]]:
