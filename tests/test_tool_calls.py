@@ -296,11 +296,11 @@ def test_openai_text_parts_train_as_the_same_conversation_with_string_content(sm
     ([{"type": "input_audio", "input_audio": {}}], "user",
      "content part 1 has type 'input_audio', which chat does not read: expected one of 'text', 'reasoning', "
      "'tool_call'"),
-    ([{"type": "text", "text": "a"}, {"type": "image"}], "user", "content part 2 has type 'image', which chat does "
-                                                                "not read: expected one of 'text', 'reasoning', "
-                                                                "'tool_call' (images are read by data.format: vision_chat)"),
-    ([{"type": "reasoning", "value": "hm"}], "user", "content part 1 is a reasoning part in a 'user' turn: only assistant turns "
-                                                     "reason or call tools"),
+    ([{"type": "text", "text": "a"}, {"type": "image"}], "user",
+     "content part 2 has type 'image', which chat does not read: expected one of 'text', 'reasoning', 'tool_call' "
+     "(images are read by data.format: vision_chat)"),
+    ([{"type": "reasoning", "value": "hm"}], "user",
+     "content part 1 is a reasoning part in a 'user' turn: only assistant turns reason or call tools"),
     ([{"type": "text", "content": "a"}], "user", "content part 1 (text) has keys ['content', 'type']: its text goes "
                                                  "in 'text' (OpenAI) or 'value' (LLaMA-Factory)"),
     (["just text"], "user", "content part 1: expected an object with a 'type', got a string"),

@@ -94,18 +94,21 @@ def content_problem(content: list, role: Any) -> str | None:
                     f"{', '.join(map(repr, PART_TYPES))}{images}")
         value = part_value(part)
         if kind == "tool_call" and not isinstance(value, (str, dict)):
-            return f"content part {number} (tool_call): expected {{name, arguments}} or its JSON, got {_describe(value)}"
+            return (f"content part {number} (tool_call): expected {{name, arguments}} or its JSON, got "
+                    f"{_describe(value)}")
         if kind != "tool_call" and not isinstance(value, str):
             keys = sorted(k for k, v in part.items() if v is not None)
             return (f"content part {number} ({kind}) has keys {keys}: its text goes in 'text' (OpenAI) or 'value' "
                     "(LLaMA-Factory)")
         if kind in ("reasoning", "tool_call") and role != "assistant":
-            return f"content part {number} is a {kind} part in a {role!r} turn: only assistant turns reason or call tools"
+            return (f"content part {number} is a {kind} part in a {role!r} turn: only assistant turns reason or call "
+                    "tools")
     return None
 
 
 def _describe(value: Any) -> str:
-    return {str: "a string", list: "a list", dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+    names = {str: "a string", list: "a list", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def link_tool_calls(messages: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:

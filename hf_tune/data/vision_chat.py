@@ -41,7 +41,8 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
 
 def vision_messages(example: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation with every content as parts (``messages`` or ShareGPT ``conversations``)."""
-    return [{**message, "content": content_parts(message.get("content", ""))} for message in chat_messages(example, read_parts=False)]
+    return [{**message, "content": content_parts(message.get("content", ""))}
+            for message in chat_messages(example, read_parts=False)]
 
 
 def count_images(messages: list[dict[str, Any]]) -> int:

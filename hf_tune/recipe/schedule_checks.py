@@ -43,8 +43,8 @@ def check_generations(recipe: Recipe, world_size: int) -> None:
     value = lambda key: _value(training, config, key)  # noqa: E731
     generations = value("num_generations")
     if generations is None or generations < 2:
-        raise RecipeError("training.num_generations", f"is {generations!r}: {method_of(recipe.method).title} compares at least 2 "
-                          "completions of each prompt to compute advantages",
+        raise RecipeError("training.num_generations", f"is {generations!r}: {method_of(recipe.method).title} "
+                          "compares at least 2 completions of each prompt to compute advantages",
                           fix="set training.num_generations to 2 or more (e.g. 4 or 8)")
     per_device = value("per_device_train_batch_size")
     global_batch = per_device * world_size

@@ -1,8 +1,8 @@
 """The schema of a recipe: our own sections as pydantic models, upstream sections checked against upstream types.
 
 Two top-level keys besides the sections: ``method`` (hf_tune.catalog.methods: sft, dpo, grpo, ...), which picks
-the trainer and the upstream config class ``training`` is checked against; and ``rewards`` (methods grpo and rloo): the reward
-functions, each a shipped name, a ``module:function`` path, or ``{name: ..., <its keyword arguments>}``
+the trainer and the upstream config class ``training`` is checked against; and ``rewards`` (methods grpo and rloo):
+the reward functions, each a shipped name, a ``module:function`` path, or ``{name: ..., <its keyword arguments>}``
 (hf_tune.catalog.rewards).
 
 Sections:
@@ -232,8 +232,8 @@ class MachineSection(_Section):
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="memory of one GPU, in GB (2**30 bytes)")
 
 
-SECTIONS = ("method", "rewards", "model", "teacher", "lora", "data", "training", "optim", "evaluation", "hub", "search", "tracking", "profile",
-            "resilience", "machine")
+SECTIONS = ("method", "rewards", "model", "teacher", "lora", "data", "training", "optim", "evaluation", "hub", "search",
+            "tracking", "profile", "resilience", "machine")
 
 
 @dataclasses.dataclass
