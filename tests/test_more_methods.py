@@ -301,6 +301,7 @@ def test_the_plan_shows_no_reference_for_orpo_and_the_teachers_memory_partitione
     weights = sum(p.numel() * p.element_size() for p in AutoModelForCausalLM.from_pretrained(teacher_dir).parameters())
     raw = distillation_recipe(tmp_path, tiny_llama_dir, teacher_dir)
     alone = plan(load_recipe(raw), world_size=2)
+    assert alone["method_batch"].startswith("8 prompts per step, one completion each sampled by the student")
     assert alone["teacher"]["bytes"] == weights and alone["teacher"]["bytes_per_rank"] == weights  # whole per rank
     raw["training"]["deepspeed"] = str(REPO / "ds_configs" / "zero3.json")
     partitioned = plan(load_recipe(raw), world_size=2)

@@ -236,6 +236,9 @@ def _torch_dtype(name: str, quantization: dict | None) -> torch.dtype:
 
 def method_batch(method, effective: int, generations: int, batch_tokens: int | None = None) -> str:
     """What one optimizer step trains on, in the method's own units."""
+    if method.teacher:
+        return (f"{effective} prompts per step, one completion each sampled by the student and matched token by "
+                "token to the teacher's distribution")
     if method.generates:
         return (f"{effective} completions per step: {effective / generations:g} prompts x {generations} generations "
                 "(training.num_generations), each scored by the rewards")
