@@ -14,6 +14,7 @@ Notebook API, each step callable alone::
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 
 # MKL's float32 kernels on CPUs with AVX-512 may sum in another order when a buffer sits at another address, so a
@@ -21,6 +22,18 @@ import os
 # on a Xeon with AMX). Conditional numerical reproducibility makes the sums depend on the data only. Set before torch
 # runs its first matmul; a value of the user's own is kept.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+
+class _NotAboutTheRun(logging.Filter):
+    """Drops bitsandbytes' warning that the optional ``kernels`` package is missing: on any CPU with AVX512-BF16 it
+    is printed at PEFT's import, by every command, and bitsandbytes then runs its own CPU kernel (tests/test_qlora.py
+    trains on it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NotAboutTheRun())
 
 from hf_tune.search import search  # noqa: F401  bound here, so that hf_tune.search stays the function (see hf_tune/search)
 
