@@ -50,7 +50,8 @@ def moved_adapter(model, seed: int = 0) -> None:
 def test_orpo_loss_is_the_chosen_nll_minus_lambda_log_sigmoid_of_the_log_odds_ratio(tmp_path, tiny_llama_dir):
     """Hong et al. 2024, eq. 6-7: L = NLL(chosen) - lambda * log sigmoid(log odds(chosen) - log odds(rejected)),
     odds(y) = P(y) / (1 - P(y)) with P(y) the geometric mean of the response's token probabilities (exp of their mean
-    log). TRL's NLL term is the next-token loss over the whole chosen sequence, prompt included (docs/methods.md)."""
+    log). The NLL term is the next-token loss over the whole chosen sequence, prompt included, as the authors' code
+    and TRL compute it (docs/methods.md)."""
     raw = method_recipe("orpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
                         beta=0.25, per_device_train_batch_size=3)
     trainer = build_run(load_recipe(raw)).trainer
@@ -63,7 +64,7 @@ def test_orpo_loss_is_the_chosen_nll_minus_lambda_log_sigmoid_of_the_log_odds_ra
         chosen_sum, chosen_n, rejected_sum, rejected_n = pair_logps(model, batch)
         mean_c, mean_r = chosen_sum / chosen_n, rejected_sum / rejected_n
         log_odds = (mean_c - torch.log1p(-torch.exp(mean_c))) - (mean_r - torch.log1p(-torch.exp(mean_r)))
-        # TRL's NLL term covers the chosen sequence's every token, prompt included (the paper: the response only)
+        # the NLL term covers the chosen sequence's every token, prompt included (the authors' code, TRL)
         logits = model(input_ids=batch["chosen_input_ids"], attention_mask=batch["chosen_attention_mask"]).logits
         targets = batch["chosen_input_ids"].masked_fill(batch["chosen_attention_mask"] == 0, -100)[:, 1:]
         nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
