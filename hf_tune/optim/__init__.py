@@ -1,17 +1,17 @@
-"""Parameter groups (decay / no decay, layer-wise LR decay) for ``HfTuneTrainer.create_optimizer``."""
+"""Parameter groups (decay / no decay, layer-wise LR decay) for ``HfTuneTrainer.create_optimizer``.
 
-from __future__ import annotations
+Light to import: the names below load ``optim.param_groups`` (torch) when first asked for, so ``optim.schedule``
+(pure: the recipe's schedule keys) is read by the verbs that never train without importing torch."""
 
-from torch import nn
-
-from hf_tune.optim.param_groups import ParamInfo, describe_parameters, find_blocks, group_summary, layerwise_param_groups
-from hf_tune.recipe.schema import OptimSection
+import importlib
 
 __all__ = ["ParamInfo", "describe_parameters", "find_blocks", "group_summary", "layerwise_param_groups",
            "recipe_param_infos"]
 
 
-def recipe_param_infos(model: nn.Module, optim: OptimSection, learning_rate: float, weight_decay: float) -> list[ParamInfo]:
-    return describe_parameters(model, learning_rate, weight_decay, layerwise_lr_decay=optim.layerwise_lr_decay,
-                               head_lr=optim.head_lr, no_decay=optim.no_decay,
-                               loraplus_lr_ratio=optim.loraplus_lr_ratio)
+def __getattr__(name: str):
+    if name in __all__:
+        value = getattr(importlib.import_module("hf_tune.optim.param_groups"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hf_tune.optim' has no attribute {name!r}")

@@ -15,6 +15,7 @@ import re
 from torch import nn
 
 from hf_tune.errors import HfTuneError
+from hf_tune.recipe.schema import OptimSection
 
 # Block lists of the common families, PEFT-wrapped or not: BERT/RoBERTa/DeBERTa `encoder.layer`,
 # Llama/Mistral/Qwen/Gemma `model.layers`, GPT-2 `transformer.h`, ViT `vit.layers`, ConvNeXt's stages
@@ -121,3 +122,8 @@ def group_summary(infos: list[ParamInfo]) -> list[dict]:
         row["tensors"] += 1
     return [rows[key] for key in sorted(rows)]
 
+
+def recipe_param_infos(model: nn.Module, optim: OptimSection, learning_rate: float, weight_decay: float) -> list[ParamInfo]:
+    return describe_parameters(model, learning_rate, weight_decay, layerwise_lr_decay=optim.layerwise_lr_decay,
+                               head_lr=optim.head_lr, no_decay=optim.no_decay,
+                               loraplus_lr_ratio=optim.loraplus_lr_ratio)

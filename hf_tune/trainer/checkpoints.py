@@ -20,40 +20,11 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.runtime.distributed import decided_on_main, ranks_without, wait_for_every_rank
 from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
 
+from hf_tune.lifecycle.run_folder import checkpoints, is_complete, last_complete_checkpoint, mark_complete  # noqa: F401
+
 logger = logging.getLogger(__name__)
 MARKER = run_folder.CHECKPOINT_MARKER
 FINISHED = run_folder.MANIFEST  # the manifest; its end_time marks a finished run
-_CHECKPOINT = run_folder.CHECKPOINT
-
-
-def mark_complete(checkpoint: Path) -> None:
-    files = {str(p.relative_to(checkpoint)): p.stat().st_size for p in sorted(checkpoint.rglob("*"))
-             if p.is_file() and p.name != MARKER}
-    staging = checkpoint / f".{MARKER}.{os.getpid()}.tmp"  # two writers (save_on_each_node on shared storage)
-    staging.write_text(json.dumps({"files": files}, indent=1))
-    os.replace(staging, checkpoint / MARKER)
-
-
-def is_complete(checkpoint: Path) -> bool:
-    try:
-        files = json.loads((checkpoint / MARKER).read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return bool(files) and all((checkpoint / name).is_file() and (checkpoint / name).stat().st_size == size
-                               for name, size in files.items())
-
-
-def checkpoints(output_dir: Path) -> list[Path]:
-    """Every checkpoint-N folder, oldest first."""
-    if not output_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def last_complete_checkpoint(output_dir: Path) -> Path | None:
-    complete = [p for p in checkpoints(output_dir) if is_complete(p)]
-    return complete[-1] if complete else None
 
 
 def resume_checkpoint(output_dir: Path, mode: str, restore: Callable[[Path], object] | None = None) -> str | None:
