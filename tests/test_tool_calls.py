@@ -106,8 +106,10 @@ def llama31_segments(messages, tools):
 
 SEGMENTS = {"QWEN2_5": qwen25_segments, "LLAMA3_1": llama31_segments}
 SETS = {"glaive": (GLAIVE, glaive_rows), "messages": (MESSAGES, message_rows)}
-TRAINED_SETS = {**SETS, "reasoning": (DATA / "reason_tool_use_demo.jsonl", lambda: [None] * 5),
-                "content_parts": (DATA / "content_parts_demo.jsonl", lambda: [None] * 4)}
+TRAINED_SETS = {**SETS, "reasoning": (REASONING_FILE := DATA / "reason_tool_use_demo.jsonl",
+                                       lambda: REASONING_FILE.read_text().splitlines()),
+                "content_parts": (PARTS_FILE := DATA / "content_parts_demo.jsonl",
+                                  lambda: PARTS_FILE.read_text().splitlines())}
 
 
 def test_function_call_and_observation_turns_become_tool_calls_and_tool_results():
