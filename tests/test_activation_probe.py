@@ -16,6 +16,7 @@ from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, pro
 from hf_tune.model.moe import moe_lora
 from hf_tune.recipe import validate_recipe
 from hf_tune.trainer.hooks import HfTuneTrainer
+from hf_tune.trainer.monitors import Monitors
 
 LENGTHS = [600, 200, 224]  # one pack: padded to its longest, 1.76x its tokens (sdpa_varlen pads so)
 SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
@@ -87,7 +88,8 @@ def full_step_bytes(family: str, dtype, dropout: float | None, checkpointing: bo
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=mixed, report_to=[])
-    trainer = HfTuneTrainer(model=model, args=args, compute_loss_func=causal_loss(recipe, model), causal=True)
+    trainer = HfTuneTrainer(model=model, args=args, compute_loss_func=causal_loss(recipe, model), causal=True,
+                            monitors=Monitors())  # the loss alone: nothing fed
     starts = torch.tensor([0, 600, 800, 1024], dtype=torch.int32)
     ids = torch.randint(0, config.vocab_size, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "labels": ids.clone(),

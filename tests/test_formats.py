@@ -62,8 +62,9 @@ def test_the_schema_reads_exactly_the_tables_formats(tmp_path):
 def test_every_format_is_read_by_a_method_and_the_methods_and_tasks_name_only_table_formats():
     read = {name for method in METHODS.values() for name in method.formats}
     assert read == set(FORMATS)
-    for method in METHODS.values():  # the first is the default: it names the method
-        assert method.name in FORMATS[method.formats[0]].default_for
+    for method in METHODS.values():  # each method lists its formats once, its default first; unpaired ones among them
+        assert len(set(method.formats)) == len(method.formats) and set(method.unpaired_formats) <= set(method.formats)
+    assert METHODS["kto"].formats[0] == "unpaired_preference" and METHODS["kto"].unpaired_formats == ("preference",)
     assert {name for task in TASKS.values() for name in task.formats} <= set(FORMATS)
 
 
@@ -91,7 +92,7 @@ def test_a_trl_methods_example_is_loaded_as_its_normalised_form(name, tmp_path):
     raw, expected = TRL_EXAMPLES[name]
     path = tmp_path / f"{name}.jsonl"
     path.write_text(json.dumps(raw) + "\n")
-    method = next(m for m in FORMATS[name].methods if m not in FORMATS[name].unpaired_for)
+    method = next(m.name for m in METHODS.values() if name in m.formats and name not in m.unpaired_formats)
     train, _ = load_method_data(DataSection(train=DatasetSource(path=str(path)), format=name), method, 0)
     assert train.to_list() == [expected]
 

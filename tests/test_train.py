@@ -35,6 +35,41 @@ def test_full_fine_tune_of_a_tiny_llama_fills_the_run_folder(tmp_path, tiny_llam
     assert trainer.args.use_cpu  # set for a machine with no accelerator
 
 
+def test_a_trainer_built_by_hand_without_its_monitors_stops_with_the_fix(tmp_path, tiny_llama_dir):
+    """The hooks feed the callbacks attach_callbacks hands over; a hand-built trainer is told so at its first step,
+    instead of training with no NaN guard and no token count. Monitors() opts out knowingly; attach_callbacks feeds
+    the very callbacks it attached."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from hf_tune.build.run_build import attach_callbacks
+    from hf_tune.errors import HfTuneError
+    from hf_tune.trainer.hooks import HfTuneTrainer
+    from hf_tune.trainer.monitors import Monitors
+
+    rows = Dataset.from_dict({"input_ids": [[1, 2, 3, 4]] * 4, "labels": [[1, 2, 3, 4]] * 4})
+
+    def by_hand(**kwargs) -> HfTuneTrainer:
+        args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1, per_device_train_batch_size=2,
+                                 use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
+        return HfTuneTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_llama_dir), args=args,
+                             train_dataset=rows, **kwargs)
+
+    with pytest.raises(HfTuneError, match="attach_callbacks") as refused:
+        by_hand().train()
+    assert "HfTuneTrainer has no monitors" in str(refused.value)
+    assert by_hand(monitors=Monitors()).train().global_step == 1
+
+    recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run"))  # before the trainer: it builds arguments
+    trainer = by_hand()
+    monitors = attach_callbacks(trainer, recipe)
+    assert trainer.monitors is monitors and monitors.loss_guard in trainer.callback_handler.callbacks
+    assert monitors.throughput in trainer.callback_handler.callbacks and monitors.step_skips is None
+    trainer.train()
+    assert monitors.throughput.total["tokens"] == 2 * 4  # one step: the 2 rows of 4 tokens the hooks counted
+    assert monitors.throughput.total["trained_tokens"] == 2 * 3  # each row's last token predicts nothing
+
+
 def test_lora_on_a_tiny_llama_trains_only_the_adapter(tmp_path, tiny_llama_dir):
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", activation_checkpointing=True)
     raw["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}

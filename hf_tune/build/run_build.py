@@ -24,9 +24,10 @@ from hf_tune.data.preference import load_method_data
 from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.metrics.evaluation import build_callbacks, build_compute_metrics
-from hf_tune.evaluation.downstream import build_downstream_callbacks
+from hf_tune.evaluation.downstream import build_downstream_scores, build_sample_callbacks
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 from hf_tune.trainer.mirror import CheckpointMirror
+from hf_tune.trainer.monitors import Monitors
 from hf_tune.trainer.rollback import StepSkips
 from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
 from hf_tune.catalog.methods import method_of
@@ -190,33 +191,44 @@ def build_teacher(recipe: Recipe, tokenizer, student):
     return teacher
 
 
-def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] = ()) -> None:
+def attach_callbacks(trainer, recipe: Recipe, extra: Sequence[TrainerCallback] = ()) -> Monitors:
     """Every callback hf_tune runs, decided and attached here and nowhere else, after Trainer's own (the flow and
     the trackers of ``report_to``): checkpoint markers, the recipe to the trackers, early stopping, the throughput
-    counter and the NaN guard the trainer's hooks feed, the recipe's LRs on resume, then ``extra``: the caller's."""
-    guard = NonFiniteLossGuard()
+    counter and the NaN guard the trainer's hooks feed, the recipe's LRs on resume, then ``extra``: the caller's.
+    Those the hooks feed are handed to the trainer as its ``monitors`` (and returned)."""
+    monitors = build_monitors(recipe)
     callbacks = [
         CheckpointMarker(),
-        *resilience_callbacks(recipe, guard),  # after the marker: the mirror uploads complete checkpoints only
+        monitors.mirror,  # after the marker: the mirror uploads complete checkpoints only
+        monitors.step_skips,
         RecipeToTrackers(recipe),
-        *build_downstream_callbacks(recipe),  # before early stopping; the scores: HfTuneMixin.evaluation_loop
+        monitors.downstream,  # before early stopping; the scores: HfTuneMixin.evaluation_loop
+        *build_sample_callbacks(recipe),
         *build_callbacks(recipe.evaluation),
-        # fed by HfTuneMixin.training_step; counts tokens, so text tasks only
-        *([Throughput(causal=task_of(recipe.model.task).causal)] if task_of(recipe.model.task).reads_text else []),
+        monitors.throughput,  # fed by HfTuneMixin.training_step
         *([SaveOnSignal()] if saves_on_signal(recipe) else []),  # before the guard: it may ask for a save
-        guard,  # after DefaultFlowCallback: it reads the step's log / save decision
+        monitors.loss_guard,  # after DefaultFlowCallback: it reads the step's log / save decision
         RecipeHyperparameters(trainer),  # a resume trains with the recipe's LRs (optim/resume.py)
         ReloadRenamedWeights(),  # a resume from a checkpoint saved under legacy names (trainer/renamed_weights.py)
         BatchShape(),  # each checkpoint records its batch shape, for a resume on another world size
         *extra,
     ]
     for callback in callbacks:
-        trainer.add_callback(callback)
+        if callback is not None:
+            trainer.add_callback(callback)
+    trainer.monitors = monitors
+    return monitors
 
 
-def resilience_callbacks(recipe: Recipe, guard: NonFiniteLossGuard) -> list[TrainerCallback]:
-    """The ``resilience`` section's: the checkpoint mirror's uploads, the steps a rollback skips (which also feeds
-    each step's gradient norm to the NaN guard)."""
-    section = recipe.resilience
-    return ([CheckpointMirror(section.checkpoint_mirror)] if section.checkpoint_mirror else []) + \
-        ([StepSkips(guard)] if section.rollback_on_nonfinite else [])
+def build_monitors(recipe: Recipe) -> Monitors:
+    """The callbacks a run's hooks feed: the NaN guard; the throughput counter (text tasks: it counts tokens); the
+    ``resilience`` section's checkpoint mirror and rollback skips (which also feed each step's gradient norm to the
+    guard); the downstream scores of ``evaluation.tasks``."""
+    guard, task, section = NonFiniteLossGuard(), task_of(recipe.model.task), recipe.resilience
+    return Monitors(
+        loss_guard=guard,
+        throughput=Throughput(causal=task.causal) if task.reads_text else None,
+        step_skips=StepSkips(guard) if section.rollback_on_nonfinite else None,
+        downstream=build_downstream_scores(recipe),
+        mirror=CheckpointMirror(section.checkpoint_mirror) if section.checkpoint_mirror else None,
+    )

@@ -32,15 +32,12 @@ class Format:
     columns: tuple[Column, ...]  # every column it reads: checked per row, and replaced by the normalised example
     help: str  # what the examples hold, in one line (errors, docs)
     normalizer: str | None  # "module:function": a raw example -> what its trainer reads; None: read as it is
-    methods: tuple[str, ...]  # the recipe methods that read it (hf_tune.catalog.methods)
     tasks: tuple[str, ...] = ()  # the model.task values that train on it (Task.formats; reward_model: the pairs)
-    default_for: tuple[str, ...] = ()  # the methods whose default data.format it is
     mixable: bool = False  # becomes input_ids + labels: may be mixed with other such formats, and streamed
     chat_template: bool = False  # always rendered by the tokenizer's chat template (which must exist)
     string_follows: tuple[str, str] | None = None  # (a, b): where column a holds a string, b must hold one too
     class_labels: bool = False  # each example has a class label: class names from the data, stratified folds
     sequences: int = 1  # sequences a TRL trainer builds per example (chosen and rejected: 2)
-    unpaired_for: tuple[str, ...] = ()  # methods that read it as unpaired examples (TRL's unpair_preference_dataset)
 
     @property
     def normalize(self) -> Callable[[dict[str, Any]], Any]:
@@ -56,54 +53,51 @@ class Format:
         return tuple(column.name for column in self.columns)
 
 
-_SFT = ("sft",)
 _TEXT, _TURNS, _EITHER = "string", "turns", "string|turns"
 FORMATS = {f.name: f for f in (
     Format("chat", (("messages",), ("conversations",)), (Column("messages", _TURNS), Column("conversations", _TURNS)),
            "a 'messages' list of {role, content} turns, or a ShareGPT 'conversations' list of {from, value} turns",
-           "hf_tune.data.formats:chat_example", _SFT, ("causal_lm",), default_for=_SFT, mixable=True,
+           "hf_tune.data.formats:chat_example", ("causal_lm",), mixable=True,
            chat_template=True),
     Format("instruction", (("instruction", "output"),),
            (Column("instruction", _TEXT), Column("output", _TEXT), Column("input", _TEXT, True),
             Column("system", _TEXT, True)),
            "'instruction' and 'output' strings, optional 'input' and 'system' strings",
-           "hf_tune.data.formats:instruction_example", _SFT, ("causal_lm",), mixable=True, chat_template=True),
+           "hf_tune.data.formats:instruction_example", ("causal_lm",), mixable=True, chat_template=True),
     Format("prompt_completion", (("prompt", "completion"),), (Column("prompt", _EITHER), Column("completion", _EITHER)),
            "'prompt' and 'completion': strings, or lists of {role, content} messages",
-           "hf_tune.data.formats:prompt_completion_example", _SFT, ("causal_lm",), mixable=True,
+           "hf_tune.data.formats:prompt_completion_example", ("causal_lm",), mixable=True,
            string_follows=("prompt", "completion")),
     Format("text", (("text",),), (Column("text", _TEXT),), "a 'text' string", "hf_tune.data.formats:text_example",
-           _SFT, ("causal_lm",), mixable=True),
+           ("causal_lm",), mixable=True),
     Format("classification", (("text", "label"),),
            (Column("text", _TEXT), Column("text_pair", _TEXT, True), Column("label", "label")),
-           "a 'text' string (optional 'text_pair'), and a 'label': a class name or an integer id", None, _SFT,
+           "a 'text' string (optional 'text_pair'), and a 'label': a class name or an integer id", None,
            ("sequence_classification",), class_labels=True),
     Format("image_classification", (("image", "label"),), (Column("image", "image"), Column("label", "label")),
            "an 'image' (an image file's path, relative to the data file's folder, or an image feature) and a "
            "'label': a class name or an integer id; datasets' imagefolder gives both",
-           None, _SFT, ("image_classification",), class_labels=True),
+           None, ("image_classification",), class_labels=True),
     Format("vision_chat", (("messages",), ("conversations",)),
            (Column("messages"), Column("conversations"), Column("images", "images", True)),
            "'messages' whose content holds {'type': 'image'} / {'type': 'text', 'text': ...} parts (TRL), or string "
            "content with <image> markers (LLaMA-Factory's mllm_demo), or ShareGPT 'conversations'; and an 'images' "
            "list (file paths relative to the data file's folder, or image features), one per image place",
-           "hf_tune.data.vision_chat:vision_messages", _SFT, ("image_text_to_text",)),
+           "hf_tune.data.vision_chat:vision_messages", ("image_text_to_text",)),
     Format("preference", (("chosen", "rejected"),),
            tuple(Column(c) for c in ("prompt", "chosen", "rejected", "conversations", "system", "instruction",
                                      "input")),
            "'prompt', 'chosen' and 'rejected' (strings or lists of {role, content} messages); or only 'chosen' and "
            "'rejected' conversations; or LLaMA-Factory's 'conversations' with 'chosen' / 'rejected' messages",
-           "hf_tune.data.preference:preference_row", ("dpo", "kto", "reward", "orpo", "simpo"), ("reward_model",),
-           default_for=("dpo", "reward", "orpo", "simpo"), sequences=2, unpaired_for=("kto",)),
+           "hf_tune.data.preference:preference_row", ("reward_model",), sequences=2),
     Format("unpaired_preference", (("prompt", "completion", "label"), ("messages", "label")),
            tuple(Column(c) for c in ("prompt", "completion", "label", "messages")),
            "'prompt', 'completion' (strings or messages) and a boolean 'label' (true: desirable); or LLaMA-Factory's "
            "'messages' ending in the assistant's answer, and 'label'",
-           "hf_tune.data.preference:unpaired_row", ("kto",), default_for=("kto",)),
+           "hf_tune.data.preference:unpaired_row"),
     Format("prompt_only", (("prompt",),), (Column("prompt"),),
            "a 'prompt' (a string or a list of {role, content} messages), plus the columns the rewards read",
-           "hf_tune.data.preference:prompt_row", ("grpo", "rloo", "distillation"),
-           default_for=("grpo", "rloo", "distillation")),
+           "hf_tune.data.preference:prompt_row"),
 )}
 DEFAULT_FORMAT = next(iter(FORMATS))  # data.format's default with method sft
 
@@ -122,12 +116,6 @@ def format_of(name: str | None) -> Format:
 def format_names(**wanted: Any) -> tuple[str, ...]:
     """Names of the formats whose fields have the wanted values, in table order: ``format_names(mixable=True)``."""
     return tuple(name for name, f in FORMATS.items() if all(getattr(f, k) == v for k, v in wanted.items()))
-
-
-def formats_read_by(method: str) -> tuple[str, ...]:
-    """The formats a method reads, its default first."""
-    read = [name for name, f in FORMATS.items() if method in f.methods]
-    return tuple(sorted(read, key=lambda name: method not in FORMATS[name].default_for))
 
 
 def formats_trained_by(task: str) -> tuple[str, ...]:

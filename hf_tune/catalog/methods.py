@@ -2,7 +2,7 @@
 
 ``sft`` is hf_tune's own path (``HfTuneTrainer`` on ``TrainingArguments``); the others run TRL's maintained trainers
 with hf_tune's Trainer features mixed in (``hf_tune.trainer.hooks.HfTuneMixin``). A new method is one entry here plus, where
-its data has a new shape, a format in ``hf_tune.catalog.formats`` (each format names the methods that read it). Pure: nothing
+its data has a new shape, a format in ``hf_tune.catalog.formats`` (each method names the formats it reads, its default first). Pure: nothing
 heavy is imported until a class is asked for.
 """
 
@@ -13,7 +13,6 @@ import importlib
 import warnings
 from typing import Any
 
-from hf_tune.catalog.formats import formats_read_by
 
 DEFAULT_METHOD = "sft"
 
@@ -33,6 +32,8 @@ class Method:
     config_fixed: tuple[tuple[str, Any], ...] = ()  # config values that make the method (simpo: CPO's loss_type)
     config_defaults: tuple[tuple[str, Any], ...] = ()  # config defaults it sets where the recipe is silent
     spelled: str = ""  # its name as its paper spells it (the model card), where not the name in capitals
+    formats: tuple[str, ...] = ()  # the data.format values it reads (hf_tune.catalog.formats), its default first
+    unpaired_formats: tuple[str, ...] = ()  # formats it reads as unpaired examples (TRL's unpair_preference_dataset)
 
     @property
     def config(self) -> type:
@@ -41,11 +42,6 @@ class Method:
     @property
     def trainer(self) -> type | None:
         return _resolve(self.trainer_class) if self.trainer_class else None
-
-    @property
-    def formats(self) -> tuple[str, ...]:
-        """The data.format values it reads (hf_tune.catalog.formats), its default first."""
-        return formats_read_by(self.name)
 
     @property
     def title(self) -> str:
@@ -59,36 +55,42 @@ class Method:
 METHODS = {
     "sft": Method("sft", "transformers:TrainingArguments", None, ("causal_lm", "sequence_classification",
                                                                   "image_classification", "image_text_to_text"),
-                  "supervised fine-tuning (or classification): next-token loss on the trained tokens"),
+                  "supervised fine-tuning (or classification): next-token loss on the trained tokens",
+                  formats=("chat", "instruction", "prompt_completion", "text", "classification", "image_classification",
+                           "vision_chat")),
     "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",),
-                  "direct preference optimization on chosen / rejected pairs", reference=True,
+                  "direct preference optimization on chosen / rejected pairs", reference=True, formats=("preference",),
                   eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins")),
     "kto": Method("kto", "trl:KTOConfig", "trl:KTOTrainer", ("causal_lm",),
                   "Kahneman-Tversky optimization on completions labelled desirable or not", reference=True,
+                  formats=("unpaired_preference", "preference"), unpaired_formats=("preference",),
                   eval_metrics=("eval_loss",)),
     "reward": Method("reward", "trl:RewardConfig", "trl:RewardTrainer", ("reward_model",),
                      "a reward model: one score per sequence, trained with the pairwise loss on chosen / rejected",
+                     formats=("preference",),
                      eval_metrics=("eval_loss", "eval_accuracy", "eval_margin")),
     "grpo": Method("grpo", "trl:GRPOConfig", "trl:GRPOTrainer", ("causal_lm",),
                    "group relative policy optimization: sampled completions scored by reward functions",
-                   generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward")),
+                   generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward"), formats=("prompt_only",)),
     "rloo": Method("rloo", "trl:RLOOConfig", "trl:RLOOTrainer", ("causal_lm",),
                    "REINFORCE leave-one-out: sampled completions scored by reward functions, each against the mean "
-                   "of its group's others", generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward")),
+                   "of its group's others", generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward"),
+                   formats=("prompt_only",)),
     "orpo": Method("orpo", "trl.experimental.orpo:ORPOConfig", "trl.experimental.orpo:ORPOTrainer", ("causal_lm",),
                    "odds ratio preference optimization: next-token loss on chosen plus an odds-ratio term, no "
-                   "reference model", eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins")),
+                   "reference model", eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"),
+                   formats=("preference",)),
     "simpo": Method("simpo", "trl.experimental.cpo:CPOConfig", "trl.experimental.cpo:CPOTrainer", ("causal_lm",),
                     "simple preference optimization: a margin between length-normalised log-probabilities of chosen "
                     "and rejected, no reference model (TRL's CPO with loss_type simpo)",
                     eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"),
                     config_fixed=(("loss_type", "simpo"),),
                     config_defaults=(("cpo_alpha", 0.0),),  # SimPO alone; cpo_alpha > 0 adds CPO's NLL term
-                    spelled="SimPO"),
+                    spelled="SimPO", formats=("preference",)),
     "distillation": Method("distillation", "trl:DistillationConfig", "trl:DistillationTrainer", ("causal_lm",),
                            "on-policy distillation: the student's sampled completions matched to a teacher's "
                            "next-token distribution (generalised JSD)", generates=True, teacher=True,
-                           eval_metrics=("eval_loss",)),
+                           eval_metrics=("eval_loss",), formats=("prompt_only",)),
 }
 
 

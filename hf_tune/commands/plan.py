@@ -14,7 +14,7 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.build.run_build import build_method_data
 from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.errors import RecipeError
-from hf_tune.catalog.formats import format_of, formats_read_by
+from hf_tune.catalog.formats import format_of
 from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
                             quantized_model_state_memory, quantized_weight_memory, recipe_setup)
 from hf_tune.catalog.methods import method_of
@@ -242,7 +242,7 @@ def method_batch(method, effective: int, generations: int, batch_tokens: int | N
     if method.generates:
         return (f"{effective} completions per step: {effective / generations:g} prompts x {generations} generations "
                 "(training.num_generations), each scored by the rewards")
-    if format_of(formats_read_by(method.name)[0]).sequences == 2:  # its default data: pairs
+    if format_of(method.formats[0]).sequences == 2:  # its default data: pairs
         return f"{effective} pairs per step: {2 * effective} sequences (chosen and rejected) through the model"
     if batch_tokens:
         return (f"{effective} pack{'s' if effective > 1 else ''} per step, each of whole examples up to "

@@ -15,8 +15,8 @@ from hf_tune.build.decisions import ran
 from hf_tune.build.run_build import Run, build_run
 from hf_tune.trainer.checkpoints import refuse_a_checkpoint_with_nothing_left, resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
-from hf_tune.trainer.callback_lookup import callback_of
-from hf_tune.trainer.rollback import StepSkips, earlier_rollbacks, skipped_batches, train_with_rollbacks
+from hf_tune.trainer.monitors import monitors_of
+from hf_tune.trainer.rollback import earlier_rollbacks, skipped_batches, train_with_rollbacks
 from hf_tune.trainer.world_size import fit_world_size
 from hf_tune.runtime.distributed import check_distributed
 from hf_tune.commands.data_preview import first_example_for_the_log
@@ -54,7 +54,7 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
     profiler = [StepProfiler(recipe.profile, profile_dir(run_dir))] if recipe.profile is not None else []
     run = build_run(recipe, args, callbacks=[*profiler, *callbacks])  # bad data or a bad model fails here, before anything is written
     with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
-        with mirror_uploads(run.trainer):  # resilience.checkpoint_mirror: every upload awaited before leaving
+        with mirror_uploads(run.trainer, monitors_of(run.trainer).mirror):  # resilience.checkpoint_mirror: every upload awaited before leaving
             return _train(run, resume, started)
 
 
@@ -75,7 +75,8 @@ def _train(run: Run, resume: str | None, started: str):
         if shown is not None:  # what trains, as hf-tune data shows it
             logger.info("The first training example, trained tokens between [[ ]]:\n%s", shown)
     try:
-        result = train_with_rollbacks(trainer, resume, recipe.resilience.rollback_on_nonfinite, rollbacks, on_rollback=(
+        result = train_with_rollbacks(trainer, resume, recipe.resilience.rollback_on_nonfinite, rollbacks,
+                                      monitors_of(trainer).step_skips, on_rollback=(
             lambda done: main and write_manifest(run_dir, recipe, args, datasets, started, resumed_from=resumed,
                                              rollbacks=done, decisions=decided)))
     except ValueError as err:
@@ -101,7 +102,7 @@ def _train(run: Run, resume: str | None, started: str):
     if main:
         write_report(run_dir)
         write_manifest(run_dir, recipe, args, datasets, started, resumed_from=resumed, end_time=now(),
-                       metrics=metrics, rollbacks=skipped_batches(rollbacks, callback_of(trainer, StepSkips)),
+                       metrics=metrics, rollbacks=skipped_batches(rollbacks, monitors_of(trainer).step_skips),
                        decisions=decided)
         write_run_card(run_dir)
     return trainer

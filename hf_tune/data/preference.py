@@ -21,6 +21,7 @@ from hf_tune.data.formats import check_columns, format_of, row_refusal
 from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
 from hf_tune.data.messages import SHAREGPT_ROLES, content_problem, part_value
 from hf_tune.recipe.schema import DataSection, DatasetSource
+from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.rewards import check_reward_columns
 
 def load_method_data(data: DataSection, method: str, seed: int, rewards: list | None = None
@@ -57,7 +58,7 @@ def _load(source: DatasetSource, key: str, format: str, method: str, rewards: li
                              desc=f"reading {key} ({format})")
     normalized = normalized.rename_columns({c: c.removeprefix(_NEW) for c in normalized.column_names
                                             if c.startswith(_NEW)})
-    if method in spec.unpaired_for:
+    if spec.name in method_of(method).unpaired_formats:
         from trl.data_utils import unpair_preference_dataset
 
         normalized = unpair_preference_dataset(normalized)

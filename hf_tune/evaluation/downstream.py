@@ -1,5 +1,5 @@
 """Downstream scores at each evaluation: the recipe's lm-eval tasks scored on the model in memory and added to the
-evaluation's metrics (``HfTuneMixin.evaluation_loop`` asks this callback), so they are logged with eval_loss and read
+evaluation's metrics (``HfTuneMixin.evaluation_loop`` asks this callback, handed to the trainer in its monitors), so they are logged with eval_loss and read
 by ``metric_for_best_model``, early stopping and a search.
 
 Under DDP the main process scores its (unwrapped, whole) copy of the model and the other ranks receive the scores:
@@ -44,15 +44,15 @@ class DownstreamScores(TrainerCallback):
         return scores
 
 
-def build_downstream_callbacks(recipe) -> list[TrainerCallback]:
-    """The evaluation callbacks of a recipe: downstream scores (``evaluation.tasks``) and generation samples
-    (``evaluation.samples``)."""
+def build_downstream_scores(recipe) -> DownstreamScores | None:
+    """The downstream scores of a recipe (``evaluation.tasks``), None without tasks."""
+    return DownstreamScores(recipe.evaluation, int(recipe.training.get("seed", 42))) if recipe.evaluation.tasks else None
+
+
+def build_sample_callbacks(recipe) -> list[TrainerCallback]:
+    """The generation samples of a recipe (``evaluation.samples``) as callbacks, none without them."""
     from hf_tune.evaluation.samples import GenerationSamples
 
-    seed = int(recipe.training.get("seed", 42))
-    callbacks: list[TrainerCallback] = []
-    if recipe.evaluation.tasks:
-        callbacks.append(DownstreamScores(recipe.evaluation, seed))
-    if recipe.evaluation.samples:
-        callbacks.append(GenerationSamples(recipe.evaluation.samples, recipe.evaluation.sample_max_new_tokens))
-    return callbacks
+    if not recipe.evaluation.samples:
+        return []
+    return [GenerationSamples(recipe.evaluation.samples, recipe.evaluation.sample_max_new_tokens)]

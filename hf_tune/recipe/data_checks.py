@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_names
+from hf_tune.catalog.methods import method_of
 from hf_tune.recipe.schema import Recipe
 
 MIXABLE_FORMATS = format_names(mixable=True)  # all become input_ids + labels
@@ -16,7 +17,7 @@ def check_sources(recipe: Recipe) -> None:
     mixture = isinstance(data.train, list)
     if mixture and not sources:
         raise RecipeError("data.train", "is an empty list", fix="give one source, or a list of sources")
-    if mixture and (recipe.method != "sft" or data.format not in MIXABLE_FORMATS):
+    if mixture and (method_of(recipe.method).uses_trl or data.format not in MIXABLE_FORMATS):
         raise RecipeError("data.train", f"a list of sources (a mixture) takes the formats {', '.join(MIXABLE_FORMATS)}"
                           f" with method 'sft'; this recipe reads {data.format!r} with method {recipe.method!r}",
                           fix="give data.train one source")
@@ -52,7 +53,7 @@ def _check_streaming(recipe: Recipe) -> None:
     if data.eval_split:
         raise RecipeError("data.eval_split", "cannot hold out a fraction of a stream",
                           fix="set data.eval to a file or split (read whole, not streamed)")
-    if recipe.method != "sft" or data.format not in MIXABLE_FORMATS:
+    if method_of(recipe.method).uses_trl or data.format not in MIXABLE_FORMATS:
         raise RecipeError("data.streaming", f"streams the formats {', '.join(MIXABLE_FORMATS)} with method 'sft'",
                           fix="remove data.streaming")
     for key, source in data.train_sources:

@@ -33,12 +33,15 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, model_validator
 
 from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
+from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
+from hf_tune.catalog.tasks import DEFAULT_TASK, TASKS
 from hf_tune.recipe.resilience_section import ResilienceSection
 from hf_tune.recipe.search_section import Distribution, SearchSection  # re-exported: the search sections' importers
 from hf_tune.recipe.section import Section as _Section
 
-METHOD_DEFAULTS = ", ".join(f"{f.name} for {' and '.join(f.default_for)}" for f in FORMATS.values()
-                            if f.default_for and f.name != DEFAULT_FORMAT)
+METHOD_DEFAULTS = ", ".join(  # "preference for dpo and reward, ...": the formats the other methods read first
+    f"{name} for {' and '.join(m.name for m in METHODS.values() if m.formats[0] == name)}" for name in FORMATS
+    if name != DEFAULT_FORMAT and any(m.formats[0] == name for m in METHODS.values()))
 
 
 class ModelSection(_Section):
@@ -47,9 +50,8 @@ class ModelSection(_Section):
     pretrained_model_name_or_path: str = Field(
         description="Hub id, local folder, or an embedded model: embedded:SmolLM2-135M-Instruct, embedded:all-MiniLM-L6-v2"
     )
-    task: Literal["causal_lm", "sequence_classification", "image_classification", "image_text_to_text",
-                  "reward_model"] = Field(
-        default="causal_lm", description="the model head; default: the method's (reward_model for method: reward)")
+    task: Literal[tuple(TASKS)] = Field(  # the table's names: hf_tune.catalog.tasks
+        default=DEFAULT_TASK, description="the model head; default: the method's (reward_model for method: reward)")
     revision: str | None = None
     gguf_file: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
@@ -252,7 +254,7 @@ class Recipe:
     profile: ProfileSection | None = None
     resilience: ResilienceSection = dataclasses.field(default_factory=ResilienceSection)
     machine: MachineSection | None = None
-    method: str = "sft"
+    method: str = DEFAULT_METHOD
     rewards: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
     teacher: ModelSection | None = None
     source: Path | None = None
@@ -263,7 +265,7 @@ class Recipe:
 
     def _data_dict(self) -> dict[str, Any]:
         data = self.data.model_dump(exclude_none=True)
-        if self.method != "sft":  # TRL's trainers have their own length limit: training.max_length
+        if METHODS[self.method].uses_trl:  # TRL's trainers have their own length limit: training.max_length
             data.pop("max_length", None)
         return data
 

@@ -16,16 +16,12 @@ from typing_extensions import override
 from hf_tune.data.loss import is_chunked
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
-from hf_tune.evaluation.downstream import DownstreamScores
-from hf_tune.trainer.callback_lookup import callback_of
-from hf_tune.trainer.loss_guard import NonFiniteLossGuard
-from hf_tune.trainer.rollback import StepSkips
 from hf_tune.catalog.methods import method_of
 from hf_tune.model.chunked_head import hidden_state_inputs
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
+from hf_tune.trainer.monitors import Monitors, monitors_of
 from hf_tune.trainer.reference import ReferenceLogpsCache
-from hf_tune.trainer.throughput import Throughput
 
 
 class HfTuneMixin:
@@ -33,8 +29,9 @@ class HfTuneMixin:
     parameter groups (decay / no decay, layer-wise LR decay, head LR), a non-finite loss stops training on every rank
     at the next log or save, before any checkpoint holds it (``hf_tune.trainer.loss_guard``), and logs add the LR of the
     lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.trainer.throughput``) and, for supervised
-    causal LMs, eval perplexity. The NaN guard and the throughput counter are callbacks that ``hf_tune.build.run_build``
-    attaches (``attach_callbacks``); the hooks feed them where the trainer has them.
+    causal LMs, eval perplexity. The NaN guard, the throughput counter and the others the hooks feed are callbacks
+    that ``hf_tune.build.run_build.attach_callbacks`` attaches and hands to the trainer as its ``monitors``
+    (``hf_tune.trainer.monitors``); a trainer without them stops at its first hook with an error saying so.
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every
     optimizer Trainer supports. The schedule is upstream's (``cosine_with_min_lr`` by default, see the recipe), which
@@ -42,23 +39,25 @@ class HfTuneMixin:
     """
 
     def __init__(self, *args, optim: OptimSection | None = None, causal: bool = False,
-                 perplexity: bool | None = None, **kwargs):
+                 perplexity: bool | None = None, monitors: Monitors | None = None, **kwargs):
         """``causal``: next-token training (the task's); ``perplexity``: eval_loss is a next-token loss, so
-        exp(eval_loss) is reported too (default: ``causal``)."""
+        exp(eval_loss) is reported too (default: ``causal``); ``monitors``: what the hooks feed, usually handed over
+        by ``attach_callbacks``."""
+        self.monitors = monitors
         super().__init__(*args, **kwargs)
         self.optim = optim or OptimSection()
         self.causal = causal
         self.perplexity = causal if perplexity is None else perplexity
 
     @property
-    def throughput(self) -> Throughput | None:
-        """The throughput counter the hooks feed: the one ``hf_tune.build.run_build`` attached, None without it."""
-        return callback_of(self, Throughput)
+    def throughput(self):
+        """The throughput counter the hooks feed (None where the run counts no tokens)."""
+        return monitors_of(self).throughput
 
     @property
-    def loss_guard(self) -> NonFiniteLossGuard | None:
-        """The NaN guard the hooks feed: the one ``hf_tune.build.run_build`` attached, None without it."""
-        return callback_of(self, NonFiniteLossGuard)
+    def loss_guard(self):
+        """The NaN guard the hooks feed."""
+        return monitors_of(self).loss_guard
 
     @override
     def create_optimizer(self, model=None):
@@ -85,7 +84,7 @@ class HfTuneMixin:
 
     @override
     def training_step(self, model, inputs, num_items_in_batch=None):
-        skips = callback_of(self, StepSkips)  # resilience.rollback_on_nonfinite: this step's batches gave a NaN
+        skips = monitors_of(self).step_skips  # resilience.rollback_on_nonfinite: this step's batches gave a NaN
         if skips is not None and skips.skips(self.state.global_step + 1):
             return skips.skip(self.state.global_step + 1, inputs, self.args.device)
         throughput = self.throughput
@@ -121,7 +120,7 @@ class HfTuneMixin:
         """Upstream's loop, then the recipe's downstream scores (lm-eval tasks) added to the evaluation's metrics,
         before they are logged and read by the best-model tracking and early stopping."""
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        downstream = callback_of(self, DownstreamScores)
+        downstream = monitors_of(self).downstream
         if downstream is not None and metric_key_prefix == "eval":
             model = self.accelerator.unwrap_model(self.model)
             output.metrics.update(downstream.metrics(model, self.processing_class, self.accelerator))

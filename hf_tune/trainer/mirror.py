@@ -28,7 +28,6 @@ from transformers import TrainerCallback
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle import run_folder
 from hf_tune.trainer.checkpoints import MARKER, checkpoints, is_complete, last_complete_checkpoint
-from hf_tune.trainer.callback_lookup import callback_of
 
 logger = logging.getLogger(__name__)
 RUN_FILES = (run_folder.RECIPE, run_folder.MANIFEST, run_folder.WANDB_RUN_ID, run_folder.MLFLOW_RUN_ID)
@@ -195,9 +194,9 @@ def mirror_restore(url: str | None):
 
 
 @contextlib.contextmanager
-def mirror_uploads(trainer):
-    """On leaving (the run finished, failed or stopped): the run files uploaded once more, and every upload awaited."""
-    mirror = callback_of(trainer, CheckpointMirror)
+def mirror_uploads(trainer, mirror: CheckpointMirror | None):
+    """On leaving (the run finished, failed or stopped): the run files uploaded once more by ``mirror`` (the
+    trainer's, None without one), and every upload awaited."""
     try:
         yield
     finally:

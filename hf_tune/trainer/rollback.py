@@ -26,7 +26,6 @@ from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.runtime.distributed import decided_on_main
-from hf_tune.trainer.callback_lookup import callback_of
 from hf_tune.trainer.checkpoints import NonFiniteLoss, last_complete_checkpoint
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 
@@ -34,8 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 class StepSkips(TrainerCallback):
-    """The optimizer steps whose batches are skipped (1-based global steps), and what was skipped. A callback so
-    that the trainer's hooks find it (``HfTuneMixin.training_step``), like the NaN guard. Before each optimizer step
+    """The optimizer steps whose batches are skipped (1-based global steps), and what was skipped. A callback handed
+    to the trainer's hooks in its monitors (``HfTuneMixin.training_step``), like the NaN guard. Before each optimizer step
     it feeds the gradients' total norm to the NaN guard (on the device, no host sync), so that a non-finite gradient
     under a finite loss rolls back too, and at its own step."""
 
@@ -71,12 +70,12 @@ class StepSkips(TrainerCallback):
         return torch.zeros((), device=device)
 
 
-def train_with_rollbacks(trainer, resume: str | None, limit: int, rollbacks: list[dict],
+def train_with_rollbacks(trainer, resume: str | None, limit: int, rollbacks: list[dict], skips: StepSkips | None,
                          on_rollback: Callable[[list[dict]], None] = lambda _: None):
     """``trainer.train``, rolled back to the last complete checkpoint at a non-finite loss, at most ``limit`` times
-    in all (``rollbacks``: those of earlier launches of this run, from run.json, extended here). Every rank calls it
-    and takes the main process's choice of checkpoint."""
-    skips = callback_of(trainer, StepSkips)
+    in all (``rollbacks``: those of earlier launches of this run, from run.json, extended here; ``skips``: the
+    trainer's step skips, None without rollbacks). Every rank calls it and takes the main process's choice of
+    checkpoint."""
     if skips is not None:
         skips.steps.update(r["step"] for r in rollbacks)
     while True:
