@@ -72,7 +72,7 @@ def dpo_child(setup: str, steps: int, work: Path) -> dict:
 
 
 def build_args(recipe):
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
 
     return build_training_arguments(recipe)
 

@@ -52,7 +52,7 @@ _EXPORTS = {
     "load_recipe": "hf_tune.build.loading",
     "build_run": "hf_tune.build.run_build",
     "Run": "hf_tune.build.run_build",
-    "build_training_arguments": "hf_tune.build.training_args",
+    "build_training_arguments": "hf_tune.training_args",
     "build_model_and_tokenizer": "hf_tune.build.run_build",
     "build_datasets": "hf_tune.data",
     "build_trainer": "hf_tune.build.run_build",

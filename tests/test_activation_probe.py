@@ -11,7 +11,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCa
                           Qwen3MoeForCausalLM, TrainingArguments)
 
 from hf_tune.build.run_build import causal_loss
-from hf_tune.data.loss import is_chunked
+from hf_tune.model.loss import is_chunked
 from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, probe_lengths, width_fit
 from hf_tune.model.moe import moe_lora
 from hf_tune.recipe import validate_recipe

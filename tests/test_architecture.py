@@ -105,55 +105,90 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
 def layer_table(text: str) -> list[list[str]]:
-    """The entries of each row of the Layers table in docs/architecture.md, top (highest) row first: module paths
-    relative to ``hf_tune/`` (``lifecycle/hub.py``) or folders (``data/``), each in backticks in the second column."""
+    """The entries of each row of the Layers table in docs/architecture.md, top (highest) row first: folders
+    (``data/``) or top-level modules (``errors.py``), each in backticks in the second column."""
     section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| layer")]
     return [re.findall(r"`([\w/]+(?:\.py|/))`", row.split("|")[2]) for row in rows]
 
 
+def unit_of(path: Path) -> str:
+    """The table entry a module belongs to: its top-level folder (``data/``), or itself at the top (``run.py``)."""
+    parts = path.parts[path.parts.index("hf_tune") + 1:] if "hf_tune" in path.parts else (path.name,)
+    return f"{parts[0]}/" if len(parts) > 1 else parts[0]
+
+
 def layer_of_each_module(table: list[list[str]], modules: dict[str, Path]) -> dict[str, int]:
-    """Each module's layer (0 = the top row). A module named in a row belongs there; a folder's other modules to the
-    folder's row."""
-    layers: dict[str, int] = {}
-    for rank, entries in enumerate(table):
-        for entry in entries:
-            if entry.endswith(".py"):
-                layers.setdefault(entry, rank)
-    for rank, entries in enumerate(table):
-        for folder in (entry for entry in entries if entry.endswith("/")):
-            for path in (PACKAGE / folder).rglob("*.py"):
-                layers.setdefault(str(path.relative_to(PACKAGE)), rank)
-    by_name = {str(path.relative_to(PACKAGE)): name for name, path in modules.items()}
-    return {by_name[entry]: rank for entry, rank in layers.items() if entry in by_name}
+    """Each module's layer (0 = the top row): its folder's row; a package's ``__main__`` is an entry point (0)."""
+    rows = {entry: rank for rank, entries in enumerate(table) for entry in entries}
+    layers = {}
+    for name, path in modules.items():
+        unit = unit_of(path)
+        if path.name == "__main__.py":
+            layers[name] = 0
+        elif unit in rows:
+            layers[name] = rows[unit]
+    return layers
 
 
-def layer_violations(layers: dict[str, int], modules: dict[str, Path]) -> list[str]:
+def layer_violations(layers: dict[str, int], modules: dict[str, Path], units: dict[str, str]) -> list[str]:
+    """Imports into a higher row, or between two folders of one row."""
     return sorted(f"{name} (layer {layers[name]}) imports {target} (layer {layers[target]})"
                   for name, path in modules.items() for target in direct_imports(path, modules)
-                  if layers[target] < layers[name])
+                  if layers[target] < layers[name] or (layers[target] == layers[name] and layers[name] > 0
+                                                      and units[target] != units[name]))
 
 
-def test_the_layer_table_lists_every_module_and_names_only_real_ones():
+def units_of(modules: dict[str, Path]) -> dict[str, str]:
+    return {name: unit_of(path) for name, path in modules.items()}
+
+
+def test_the_layer_table_places_every_folder_and_names_only_folders_and_top_level_modules():
     modules = module_names()
     table = layer_table(ARCHITECTURE.read_text())
     entries = [entry for row in table for entry in row]
-    assert [entry for entry in entries if not (PACKAGE / entry).exists()] == []
+    assert [entry for entry in entries if "/" in entry.rstrip("/") or not (PACKAGE / entry).exists()] == []
+    assert len(entries) == len(set(entries))
     assert sorted(set(modules) - set(layer_of_each_module(table, modules))) == []
 
 
 def test_imports_point_down_the_layer_table_only():
     modules = module_names()
     layers = layer_of_each_module(layer_table(ARCHITECTURE.read_text()), modules)
-    assert layer_violations(layers, modules) == []
+    assert layer_violations(layers, modules, units_of(modules)) == []
 
 
-def test_the_layer_check_finds_an_import_up_the_table(tmp_path):
-    table = layer_table("\n## Layers\n| layer | modules |\n|---|---|\n| top | `run.py` |\n| leaves | `errors.py` |\n")
-    assert table == [["run.py"], ["errors.py"]]
-    leaf = tmp_path / "errors.py"
-    leaf.write_text("from hf_tune.run import main\n")
-    modules = {"hf_tune.run": tmp_path / "run.py", "hf_tune.errors": leaf}
-    (tmp_path / "run.py").write_text("import hf_tune.errors\n")
-    assert layer_violations({"hf_tune.run": 0, "hf_tune.errors": 1}, modules) == [
-        "hf_tune.errors (layer 1) imports hf_tune.run (layer 0)"]
+def test_the_layer_check_finds_an_import_up_the_table_or_across_a_row(tmp_path):
+    table = layer_table("\n## Layers\n| layer | folders |\n|---|---|\n| top | `run.py` |\n"
+                        "| middle | `data/`, `model/` |\n| leaves | `errors.py` |\n")
+    assert table == [["run.py"], ["data/", "model/"], ["errors.py"]]
+    files = {"hf_tune.run": "import hf_tune.errors\n", "hf_tune.errors": "from hf_tune.data.loading import x\n",
+             "hf_tune.data.loading": "from hf_tune.model.loss import y\n", "hf_tune.model.loss": "import hf_tune.errors\n"}
+    modules = {}
+    for name, text in files.items():
+        modules[name] = tmp_path.joinpath(*name.split(".")).with_suffix(".py")
+        modules[name].parent.mkdir(parents=True, exist_ok=True)
+        modules[name].write_text(text)
+    layers = layer_of_each_module(table, modules)
+    assert layers == {"hf_tune.run": 0, "hf_tune.errors": 2, "hf_tune.data.loading": 1, "hf_tune.model.loss": 1}
+    assert layer_violations(layers, modules, units_of(modules)) == [
+        "hf_tune.data.loading (layer 1) imports hf_tune.model.loss (layer 1)",  # across a row
+        "hf_tune.errors (layer 2) imports hf_tune.data.loading (layer 1)"]  # up the table
+
+
+LATE_BOUND = re.compile(r"[\"'](hf_tune(?:\.\w+)+):(\w+)[\"']")
+
+
+def test_every_late_bound_module_function_string_names_a_real_function():
+    """The tables' ``"module:function"`` strings are imports the graph does not see: each must name a function or
+    class that its module defines, so that a rename or a move fails here, not at a user's first use."""
+    modules = module_names()
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for module, name in LATE_BOUND.findall(path.read_text()):
+            assert module in modules, f"{path.relative_to(REPO)}: {module}:{name} names no module"
+            tree = ast.parse(modules[module].read_text())
+            defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+            assert name in defined, f"{path.relative_to(REPO)}: {module} defines no {name}"
+            found.append(f"{module}:{name}")
+    assert len(found) >= 16  # the format, task and reward tables' own

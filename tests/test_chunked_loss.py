@@ -11,7 +11,7 @@ from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2F
 
 from conftest import DATA, chat_recipe
 from hf_tune import build_run, load_recipe
-from hf_tune.data.loss import ChunkedCausalLMLoss, causal_lm_loss
+from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
 from hf_tune.errors import RecipeError
 from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, hidden_state_inputs
 

@@ -14,7 +14,7 @@ from matplotlib import image
 from conftest import chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main as hf_tune_cli
-from hf_tune.lifecycle.compare import collect_runs, compare_runs, plot_comparison
+from hf_tune.search.compare import collect_runs, compare_runs, plot_comparison
 
 
 @pytest.fixture(scope="module")

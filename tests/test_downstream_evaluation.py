@@ -212,7 +212,7 @@ def test_hf_tune_eval_of_a_checkpoint_equals_the_in_process_score_and_refuses_in
     [line] = evaluate_run(run_dir, checkpoint=first["step"], device="cpu", dtype="float32")
     assert line["step"] == first["step"] and line["scores"][METRIC] == first[METRIC]
     assert json.loads((run_dir / "eval_scores.jsonl").read_text().splitlines()[-1]) == line
-    from hf_tune.lifecycle.compare import collect_runs, comparison_table
+    from hf_tune.search.compare import collect_runs, comparison_table
 
     table = comparison_table(collect_runs([run_dir]))  # hf-tune compare's table shows the watched score
     assert table[f"{METRIC} (checkpoint)"].iloc[0] == line["scores"][METRIC]

@@ -12,7 +12,7 @@ import pytest
 from conftest import DATA, REPO, chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
-from hf_tune.metrics.evaluation import build_compute_metrics
+from hf_tune.evaluation.trainer_metrics import build_compute_metrics
 from hf_tune.recipe.schema import EvaluationSection
 
 MINILM = "embedded:all-MiniLM-L6-v2"
@@ -102,7 +102,7 @@ def test_cls_llrd_recipe_beats_the_majority_baseline(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_three_fold_cv_is_stratified_and_writes_mean_and_std(tmp_path):
-    from hf_tune.commands.cv import cross_validate
+    from hf_tune.search.folds import cross_validate
 
     rows = (DATA / "topics_train.jsonl").read_text().splitlines()[:60]
     small = tmp_path / "small.jsonl"

@@ -213,7 +213,7 @@ def test_dpo_loss_is_ln2_at_step_0_and_equals_the_loss_written_from_log_probabil
 
 def test_dpo_with_trls_activation_checkpointing_has_the_gradient_of_the_loss_written_here(tmp_path, tiny_llama_dir,
                                                                                            monkeypatch):
-    """hf_tune keeps TRL's activation checkpointing for dpo (build/training_args.py): the recompute must leave a step's
+    """hf_tune keeps TRL's activation checkpointing for dpo (training_args.py): the recompute must leave a step's
     gradient as it is. One batch's adapter gradient, with and without it, against the gradient of the DPO loss written
     here from log-probabilities; the tolerance is how far the run without checkpointing is from the written one (TRL's
     fused head against a full log_softmax), so checkpointing may add no error of its own."""

@@ -118,7 +118,7 @@ def run_tiny_llrd(tiny_llama_dir, out, recorder, max_steps, accumulation=1, resu
     from hf_tune.data import build_datasets
     from hf_tune.build.run_build import build_model_and_tokenizer
     from hf_tune.build.run_build import build_trainer
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
 
     raw = chat_recipe(tiny_llama_dir, out, max_steps=max_steps, learning_rate=BASE_LR, warmup_steps=4,
                       gradient_accumulation_steps=accumulation, weight_decay=WD, seed=0,

@@ -60,7 +60,7 @@ def test_per_example_losses_in_a_batch_equal_each_example_alone(tiny_model, smol
 def test_the_trained_positions_loss_equals_the_mean_over_every_trained_token(tiny_model, smol_tokenizer,
                                                                                padding_free):
     from hf_tune.data.collator import CausalLMCollator
-    from hf_tune.data.loss import causal_lm_loss
+    from hf_tune.model.loss import causal_lm_loss
 
     examples = make_examples(LENGTHS, seed=1)
     batch = CausalLMCollator(smol_tokenizer, padding_free=padding_free, trainable_logits_only=True)(examples)
@@ -226,7 +226,7 @@ def test_sdpa_varlen_runs_each_flattened_example_apart_forward_and_backward(tiny
 
     from hf_tune.model.attention import NAME
     from hf_tune.data.collator import CausalLMCollator
-    from hf_tune.data.loss import causal_lm_loss
+    from hf_tune.model.loss import causal_lm_loss
 
     examples = make_examples(LENGTHS, seed=2)
     reference = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation="sdpa")

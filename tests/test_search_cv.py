@@ -156,7 +156,7 @@ def test_wilcoxon_prunes_bad_learning_rates_after_a_few_folds(tmp_path, tiny_ber
 def test_every_trial_gets_the_same_seeded_stratified_folds(tiny_bert_dir, topics_80, tmp_path):
     from sklearn.model_selection import StratifiedKFold
 
-    from hf_tune.commands.cv import kfold_splits
+    from hf_tune.search.folds import kfold_splits
     from hf_tune.search.cross_validated import fold_order
 
     recipe = load_recipe(cv_recipe(tiny_bert_dir, topics_80, tmp_path, {

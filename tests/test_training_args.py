@@ -1,4 +1,4 @@
-"""``training`` -> TrainingArguments defaults that depend on the machine (hf_tune/build/training_args.py)."""
+"""``training`` -> TrainingArguments defaults that depend on the machine (hf_tune/training_args.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ GPU_ADDS = {"bf16": True, "logging_nan_inf_filter": False}
     ({"deepspeed": {"bf16": {"enabled": "auto"}}}, True, None, GPU_ADDS),     # "auto" follows training.bf16
 ])
 def test_a_cuda_run_gets_bf16_only_where_nothing_set_the_precision(training, bf16_supported, launcher, added):
-    from hf_tune.build.training_args import gpu_defaults
+    from hf_tune.training_args import gpu_defaults
 
     assert gpu_defaults(training, True, bf16_supported, launcher) == added
 
 
 def test_nothing_changes_without_cuda():
-    from hf_tune.build.training_args import gpu_defaults
+    from hf_tune.training_args import gpu_defaults
 
     assert gpu_defaults({}, False, False) == {}
 
@@ -36,7 +36,7 @@ def test_on_this_machine_the_arguments_follow_its_device(tmp_path, tiny_llama_di
     import torch
 
     from hf_tune import load_recipe
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
 
     args = build_training_arguments(load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run")))
     cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -53,7 +53,7 @@ def test_on_this_machine_the_arguments_follow_its_device(tmp_path, tiny_llama_di
 def test_dpo_and_kto_keep_trls_activation_checkpointing_unless_the_recipe_turns_it_off(
         tmp_path, tiny_llama_dir, method, training, checkpointing):
     from hf_tune import load_recipe
-    from hf_tune.build.training_args import build_training_arguments, training_kwargs
+    from hf_tune.training_args import build_training_arguments, training_kwargs
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **training)
     raw.update(method=method, data={"format": "preference", "train": {"path": str(DATA / "preference_demo.jsonl")}})
@@ -67,7 +67,7 @@ def test_dpo_and_kto_keep_trls_activation_checkpointing_unless_the_recipe_turns_
 
 def test_sft_keeps_trainers_default_without_checkpointing(tmp_path, tiny_llama_dir):
     from hf_tune import load_recipe
-    from hf_tune.build.training_args import build_training_arguments, training_kwargs
+    from hf_tune.training_args import build_training_arguments, training_kwargs
 
     recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run"))
     assert "activation_checkpointing" not in training_kwargs(recipe)

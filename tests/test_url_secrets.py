@@ -1,4 +1,4 @@
-"""Credentials in URLs never leave the process (hf_tune/lifecycle/redaction.py): a mirror URL that carries them is
+"""Credentials in URLs never leave the process (hf_tune/redaction.py): a mirror URL that carries them is
 refused whatever the password holds, and every error message and log line hf_tune prints has them masked, in each
 link of an fsspec chain and in query strings."""
 

@@ -42,7 +42,7 @@ def as_value_parts(row: dict) -> dict:
 def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path, text_key):
     from transformers import AutoProcessor
 
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
     from hf_tune.data import build_training_data
 
     paths = write_images(tmp_path / "images")
@@ -62,7 +62,7 @@ def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path, 
 
 
 def test_a_row_whose_markers_and_images_disagree_is_refused_by_row(tiny_vlm, tmp_path):
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
     from hf_tune.data import build_training_data
     from transformers import AutoProcessor
 

@@ -220,7 +220,7 @@ def test_a_zero2_checkpoint_of_two_ranks_resumes_on_one_from_a_universal_checkpo
 def test_the_accumulation_is_set_for_the_checkpoints_global_batch_or_left_to_ignore_data_skip(tmp_path, tiny_llama_dir,
                                                                                               caplog):
     from hf_tune import load_recipe
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
     from hf_tune.trainer.world_size import fit_world_size
 
     checkpoint = two_rank_checkpoint(tmp_path / "run")

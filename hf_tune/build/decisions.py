@@ -14,7 +14,7 @@ from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_of
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
-from hf_tune.build.training_args import computes_in_half_precision
+from hf_tune.training_args import computes_in_half_precision
 from hf_tune.data import decide_padding_free
 from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
 from hf_tune.model.attention_choice import flash_candidates
@@ -126,7 +126,7 @@ def micro_batch_tokens(recipe: Recipe, args: TrainingArguments) -> int:
 def ran(run) -> RunDecisions:
     """What a built run (``build_run``) runs, read off its objects: the attention the model loaded with, the
     collator's padding-free rows, the trainer's loss, its checkpointing and precision. ``run.json`` keeps it."""
-    from hf_tune.data.loss import is_chunked
+    from hf_tune.model.loss import is_chunked
     from hf_tune.model.attention import loaded_attn_implementation
 
     recipe, args, trainer = run.recipe, run.args, run.trainer

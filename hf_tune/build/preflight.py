@@ -25,7 +25,7 @@ from hf_tune.model.meta import config_model_class, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.lifecycle.tracking import check_explicit_wandb_online
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from transformers import TrainerCallback, TrainingArguments, set_seed
 from hf_tune.trainer.checkpoints import CheckpointMarker
 from hf_tune.trainer.renamed_weights import ReloadRenamedWeights
 from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
-from hf_tune.data.loss import ChunkedCausalLMLoss, RouterBalancedLoss
+from hf_tune.model.loss import ChunkedCausalLMLoss, RouterBalancedLoss
 from hf_tune.data.preference import load_method_data
 from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
 from hf_tune.errors import RecipeError, stage_errors
-from hf_tune.metrics.evaluation import build_callbacks, build_compute_metrics
+from hf_tune.evaluation.trainer_metrics import build_callbacks, build_compute_metrics
 from hf_tune.evaluation.downstream import build_downstream_scores, build_sample_callbacks
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard
 from hf_tune.trainer.mirror import CheckpointMirror
@@ -44,7 +44,7 @@ from hf_tune.trainer.throughput import Throughput
 from hf_tune.trainer.world_size import BatchShape
 from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
 from hf_tune.lifecycle.tracking import RecipeToTrackers
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 from hf_tune.build.decisions import router_loss_coefficient
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from hf_tune import __version__
 from hf_tune.commands.command_line import DEBUG_HELP, recipe_arguments, user_errors
 from hf_tune.commands.option_types import gpu_memory_gb, number, whole
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 
 
 def _validate(args) -> None:
@@ -32,9 +31,9 @@ def _validate(args) -> None:
 
 
 def _train(args) -> None:
-    from hf_tune.run import main as run_main
+    from hf_tune.commands.train import main as train_main
 
-    run_main([args.recipe, *args.overrides] + (["--debug"] if args.debug else []))
+    train_main([args.recipe, *args.overrides] + (["--debug"] if args.debug else []))
 
 
 def _plan(args) -> None:
@@ -66,7 +65,7 @@ def _data(args) -> None:
 
 
 def _cv(args) -> None:
-    from hf_tune.commands.cv import cross_validate
+    from hf_tune.search.folds import cross_validate
     from hf_tune.build.loading import load_recipe
 
     result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
@@ -170,7 +169,7 @@ def _profile(args) -> None:
 
 
 def _compare(args) -> None:
-    from hf_tune.lifecycle.compare import collect_runs, comparison_table, format_table, plot_comparison
+    from hf_tune.search.compare import collect_runs, comparison_table, format_table, plot_comparison
 
     runs = collect_runs(args.run_dirs)
     print(format_table(comparison_table(runs)))
@@ -217,7 +216,7 @@ def installed_version() -> str:
     try:
         return version("hf_tune")
     except PackageNotFoundError:
-        return __version__
+        return sys.modules["hf_tune"].__version__  # the package this module is in: loaded, not imported up
 
 
 def option(*flags: str, **settings) -> tuple[tuple[str, ...], dict]:

@@ -24,7 +24,7 @@ def plain_progress_off_a_terminal() -> None:
 plain_progress_off_a_terminal()
 
 from hf_tune.errors import HfTuneError  # noqa: E402  (after the progress settings: it may load a library)
-from hf_tune.lifecycle.redaction import redact_urls
+from hf_tune.redaction import redact_urls
 
 DEBUG_HELP = "show the traceback of errors"
 

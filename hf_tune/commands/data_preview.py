@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 from hf_tune.recipe.schema import Recipe
 
 IGNORE = -100  # a label the loss skips

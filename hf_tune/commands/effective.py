@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_tune.build.decisions import decide
-from hf_tune.build.training_args import build_training_arguments, training_kwargs
+from hf_tune.training_args import build_training_arguments, training_kwargs
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.recipe.schema import Recipe

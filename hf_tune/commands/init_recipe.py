@@ -24,7 +24,7 @@ from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.commands.plan import plan_memory
 from hf_tune.recipe import validate_recipe
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 
 TUNINGS = ("full", "lora", "qlora")
 FULL_AUTO_MAX_PARAMS = 2e9  # auto trains every weight of a model this small when it fits: LoRA saves little there

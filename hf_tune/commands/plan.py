@@ -27,7 +27,7 @@ from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_in
 from hf_tune.recipe.schema import Recipe
 from hf_tune.catalog.tasks import task_of
 from hf_tune.build.decisions import decide
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
 

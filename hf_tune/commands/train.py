@@ -1,4 +1,5 @@
-"""``train(recipe)``: the calls that turn a recipe into a finished run folder (what ``python -m hf_tune.run`` does)."""
+"""``train(recipe)``: the calls that turn a recipe into a finished run folder, and ``main``: ``python -m hf_tune.run``
+(``hf-tune train``), which loads a recipe and calls it."""
 
 from __future__ import annotations
 
@@ -12,27 +13,42 @@ from transformers import TrainerCallback
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.build.decisions import ran
+from hf_tune.build.loading import load_recipe
+from hf_tune.commands.command_line import configure_logging, launcher_parser, user_errors
 from hf_tune.build.run_build import Run, build_run
 from hf_tune.trainer.checkpoints import refuse_a_checkpoint_with_nothing_left, resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
 from hf_tune.trainer.monitors import monitors_of
 from hf_tune.trainer.rollback import earlier_rollbacks, skipped_batches, train_with_rollbacks
 from hf_tune.trainer.world_size import fit_world_size
-from hf_tune.runtime.distributed import check_distributed
+from hf_tune.runtime.distributed import check_distributed, end_process_group
 from hf_tune.commands.data_preview import first_example_for_the_log
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.manifest import now, write_manifest
 from hf_tune.lifecycle.model_card import render_model_card
 from hf_tune.trainer.profiling import StepProfiler, profile_dir
 from hf_tune.recipe.schema import Recipe
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 from hf_tune.lifecycle.report import write_report
 from hf_tune.catalog.tasks import task_of
 from hf_tune.lifecycle.tracking import tracking_scope
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger("hf_tune")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m hf_tune.run RECIPE [section.key=value ...]`` (``hf-tune train``): load the recipe, train, and print
+    how to use the run folder (on the main process)."""
+    args = launcher_parser("python -m hf_tune.run", "train from a recipe, under any launcher").parse_args(argv)
+    configure_logging()
+    with user_errors(args.debug):
+        recipe = load_recipe(args.recipe, args.overrides)
+        trainer = train(recipe)
+    if trainer.is_world_process_zero():
+        print(how_to_use(recipe, trainer.args.output_dir))
+    end_process_group()
 
 
 def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):

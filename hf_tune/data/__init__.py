@@ -17,7 +17,7 @@ from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.mixture import build_mixture, source_section
 from hf_tune.data.streaming import build_stream
 from hf_tune.data.collator import CausalLMCollator
-from hf_tune.data.loss import causal_lm_loss
+from hf_tune.model.loss import causal_lm_loss
 from hf_tune.data.packing import pack_by_token_budget
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset
 from hf_tune.recipe.schema import Recipe

@@ -11,7 +11,7 @@ from typing import Any
 
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
-from hf_tune.data.loss import next_token_trained
+from hf_tune.model.loss import next_token_trained
 from hf_tune.data.tokenization import IGNORE_INDEX
 
 

@@ -18,7 +18,7 @@ from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.recipe.schema import DataSection
 
 logger = logging.getLogger(__name__)
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # the labels' ignored position (hf_tune.model.chunked_logprobs, where the loss reads it)
 TOKENIZATION_VERSION = "3"  # bump when the token/label rules change: old caches are then never reused
 # 2: a conversational prompt_completion trains its completion only, not the assistant turns inside its prompt
 # 3: messages keep tool calls, tool results and reasoning; tools reach the template; history-rewriting templates

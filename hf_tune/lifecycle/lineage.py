@@ -15,7 +15,7 @@ from typing import Any
 from hf_tune.lifecycle import run_folder
 from hf_tune.model.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
 from hf_tune.recipe.schema import Recipe
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 from hf_tune.catalog.sources import looks_like_local_path
 

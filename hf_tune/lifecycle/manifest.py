@@ -13,7 +13,7 @@ from typing import Any
 from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import run_lineage
 from hf_tune.recipe.schema import Recipe
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 
 
 def now() -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage, run_lineage
-from hf_tune.lifecycle.redaction import redact_urls
+from hf_tune.redaction import redact_urls
 from hf_tune.recipe.schema import Recipe
 
 logger = logging.getLogger(__name__)

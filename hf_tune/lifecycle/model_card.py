@@ -14,7 +14,7 @@ from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.lifecycle.lineage import base_model_id  # noqa: F401  (hub.py's and the tests' import)
 from hf_tune.lifecycle.lineage import embedded_spec as _embedded, package_version, read_lineage
 from hf_tune.model.embedded import PREFIX
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import Task, task_of

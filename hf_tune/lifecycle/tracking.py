@@ -22,7 +22,7 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.errors import EXIT_PREEMPTED, RecipeError
 from hf_tune.lifecycle.mlflow_run import log_run_folder_artifacts, run_folder_mlflow_uri, start_mlflow_run
 from hf_tune.recipe.schema import Recipe
-from hf_tune.lifecycle.redaction import redact_secrets, url_has_credentials
+from hf_tune.redaction import redact_secrets, url_has_credentials
 
 logger = logging.getLogger(__name__)
 

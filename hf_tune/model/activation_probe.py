@@ -323,7 +323,7 @@ def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool, chun
     forward under autocast and casts its outputs to float32 (``convert_outputs_to_fp32``); ``Trainer.compute_loss``
     hands the labels to hf_tune's loss, and ``HfTuneMixin.compute_loss`` runs the chunked one under autocast too,
     from the hidden states, through the model's head."""
-    from hf_tune.data.loss import ChunkedCausalLMLoss, causal_lm_loss
+    from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
     from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
 
     inputs = dict(batch)

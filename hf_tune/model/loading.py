@@ -24,7 +24,7 @@ from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
 from hf_tune.catalog.sources import OFFLINE_MODEL_FIX, looks_like_local_path
 from hf_tune.catalog.tasks import task_of
-from hf_tune.build.training_args import computes_in_half_precision
+from hf_tune.training_args import computes_in_half_precision
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from hf_tune.recipe.loading import read_recipe
 from hf_tune.recipe.overrides import apply_overrides, apply_values
 from hf_tune.recipe.schema import DataSection, DatasetSource, ModelSection, Recipe
 from hf_tune.recipe.validation import validate_recipe
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 
 __all__ = [
     "DataSection",

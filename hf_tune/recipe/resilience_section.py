@@ -9,7 +9,7 @@ import importlib.util
 from pydantic import Field, field_validator
 
 from hf_tune.errors import RecipeError
-from hf_tune.lifecycle.redaction import url_has_credentials
+from hf_tune.redaction import url_has_credentials
 from hf_tune.recipe.section import Section
 
 

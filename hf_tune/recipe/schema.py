@@ -88,7 +88,7 @@ class ModelSection(_Section):
     router_aux_loss_coef: float | None = Field(
         default=None, ge=0, description="a mixture of experts (SFT): the router's load-balancing loss coefficient "
                                         "(the config's key); default: the config's own, 0 turns the loss off "
-                                        "(hf_tune.data.loss.RouterBalancedLoss; logged as router_aux_loss)")
+                                        "(hf_tune.model.loss.RouterBalancedLoss; logged as router_aux_loss)")
     device_map: str | dict[str, int | str] | None = Field(
         default=None, description="from_pretrained's: auto | cpu | cuda:0 | {module: device}")
     cache_dir: str | None = Field(default=None, description="from_pretrained's: the Hub cache folder to use")

@@ -20,7 +20,7 @@ from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, Hub
                                    MachineSection, ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
-from hf_tune.lifecycle.redaction import refuse_secrets
+from hf_tune.redaction import refuse_secrets
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 
 # Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).

@@ -26,7 +26,7 @@ from hf_tune.search.backend import StudyPaths, base_recipe, study_paths
 from hf_tune.search.ray_summary import summarize_ray
 from hf_tune.search.ray_trial import run_trial
 from hf_tune.search.sampling import directions_for, typed
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     from ray import tune
 
     from hf_tune.build.run_build import build_run
-    from hf_tune.build.training_args import build_training_arguments
+    from hf_tune.training_args import build_training_arguments
 
     number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
     folder = Path(study_dir) / trial_folder_name(number)

@@ -14,7 +14,7 @@ import yaml
 
 from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
-from hf_tune.lifecycle.redaction import redact_secrets
+from hf_tune.redaction import redact_secrets
 from hf_tune.search.backend import STUDY_JSON
 from hf_tune.search.sampling import trial_recipe
 

@@ -31,7 +31,7 @@ from hf_tune.search.resume import heartbeat, resume_orphaned_trials, this_worker
 from hf_tune.search.sampling import make_terminator, sample_trial, trial_recipe, warn_if_random_search
 from hf_tune.search.study import (SurplusTrial, ask, objective_values, open_study, record_failure, study_has_room,
                                   trainable_params)
-from hf_tune.build.training_args import build_training_arguments
+from hf_tune.training_args import build_training_arguments
 from hf_tune.trainer.preemption import Preempted
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from accelerate.data_loader import IterableDatasetShard
 from transformers import Trainer
 from typing_extensions import override
 
-from hf_tune.data.loss import is_chunked
+from hf_tune.model.loss import is_chunked
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
 from hf_tune.catalog.methods import method_of

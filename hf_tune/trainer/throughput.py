@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from hf_tune.data.loss import next_token_trained
+from hf_tune.model.loss import next_token_trained
 from hf_tune.model.moe import moe_shape
 from hf_tune.trainer.peak_flops import measured_peak_flops, theoretical_peak_flops
 

@@ -10,6 +10,7 @@ from transformers import EarlyStoppingCallback, EvalPrediction
 from hf_tune.metrics import SHIPPED_METRICS, metric_path  # noqa: F401  (re-exported)
 from hf_tune.recipe.schema import EvaluationSection
 
+
 def build_compute_metrics(evaluation: EvaluationSection):
     """``compute_metrics`` for Trainer: argmax of the logits against the labels, for every named metric."""
     if not evaluation.metrics:

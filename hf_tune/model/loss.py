@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_tune.data.tokenization import IGNORE_INDEX
-from hf_tune.model.chunked_logprobs import LogitHead
+from hf_tune.model.chunked_logprobs import IGNORE_INDEX, LogitHead
 
 
 def next_token_trained(labels: torch.Tensor) -> torch.Tensor:
