@@ -36,6 +36,9 @@ def hub(monkeypatch, tmp_path, tiny_llama_dir):
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "training-machine" / "hub"))
         monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+        # transformers keeps one HfApi per process, bound to the endpoint of its first use: an earlier test's made it
+        # for the real Hub, whose tree listing (a tokenizer's load) then retried ~46 s before giving up
+        monkeypatch.setattr("transformers.utils.hub._hf_api", None)
         monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "training-machine" / "hf_tune"))
         hub_is_reachable.cache_clear()
         yield fake
