@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
-import hf_tune.commands.command_line  # noqa: F401  first: it settles progress bars before any library loads
-from hf_tune.commands.train import main
+from hf_tune.commands.command_line import plain_progress_off_a_terminal
+
+plain_progress_off_a_terminal()  # before the libraries below load: tqdm reads it at its import
+
+from hf_tune.commands.train import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

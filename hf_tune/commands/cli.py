@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_tune.commands.command_line import DEBUG_HELP, recipe_arguments, user_errors
+from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_terminal, recipe_arguments, user_errors
 from hf_tune.commands.option_types import gpu_memory_gb, number, whole
 from hf_tune.redaction import redact_secrets
 
@@ -362,6 +362,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    plain_progress_off_a_terminal()  # the verbs load their libraries inside, after this
     args = parser().parse_args(argv)
     with user_errors(args.debug):
         args.func(args)

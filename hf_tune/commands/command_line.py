@@ -10,21 +10,20 @@ import logging
 import os
 import sys
 
+from hf_tune.errors import HfTuneError
+from hf_tune.redaction import redact_urls
+
 
 def plain_progress_off_a_terminal() -> None:
     """Off a terminal (a log file, a pipe, a scheduler's capture), progress bars are off: a bar redraws its line with
     carriage returns, so a log held one line of every redraw (85 KB for the demo's 20 steps). Trainer then prints
     each log (loss, learning rate, throughput) as a line of its own instead. Read by tqdm at its import, so set
-    before any library loads, here at the entry points' first import; a value the user set is kept."""
+    before any library loads: the entry points (``python -m hf_tune.run``, ``hf-tune``, ``python -m hf_tune.search``)
+    call it first; a notebook importing hf_tune keeps its bars. A value the user set is kept."""
     if not sys.stderr.isatty():
         for name in ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
             os.environ.setdefault(name, "1")
 
-
-plain_progress_off_a_terminal()
-
-from hf_tune.errors import HfTuneError  # noqa: E402  (after the progress settings: it may load a library)
-from hf_tune.redaction import redact_urls
 
 DEBUG_HELP = "show the traceback of errors"
 
