@@ -212,6 +212,10 @@ def test_register_promote_and_load_by_alias_gives_the_runs_logits(tmp_path, tiny
     assert expected.abs().max() > 0
     torch.testing.assert_close(loaded, expected, rtol=1e-5, atol=1e-5)
     assert "MLFLOW_TRACKING_URI" in os.environ and os.environ["MLFLOW_TRACKING_URI"] == mlflow_server
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")  # the process's URI follows the variable again: nothing pinned it
+    assert mlflow.get_tracking_uri() != mlflow_server
 
 
 @pytest.mark.slow

@@ -34,7 +34,9 @@ def registry_uri(run_dir: str | Path | None = None, tracking_uri: str | None = N
 
 @contextlib.contextmanager
 def _using(uri: str):
-    """MLflow's tracking URI for the calls inside; the process's own one afterwards."""
+    """MLflow's tracking URI for the calls inside; the process's own one afterwards. Unset, not set again: a URI
+    set in the process outranks MLFLOW_TRACKING_URI, so setting the one before would pin it for every later run of
+    the process (a notebook's next ``train`` would log to the registry's store, not its run folder's)."""
     import mlflow
 
     before = os.environ.get("MLFLOW_TRACKING_URI")  # mlflow.set_tracking_uri mirrors its URI into this variable
@@ -42,7 +44,9 @@ def _using(uri: str):
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(before)
+        mlflow.set_tracking_uri(None)  # unsets the variable too
+        if before is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def register(run_dir: str | Path, name: str, alias: str | None = None, tracking_uri: str | None = None) -> dict:
