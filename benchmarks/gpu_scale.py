@@ -86,7 +86,7 @@ def run_setup(setup: str, ns) -> dict:
     from hf_tune import load_recipe
     from hf_tune.build.run_build import build_trainer
     from hf_tune.training_args import build_training_arguments
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
     from hf_tune.data import build_training_data
     from hf_tune.model.attention import loaded_attn_implementation
     from hf_tune.model.attention_choice import choose_attention

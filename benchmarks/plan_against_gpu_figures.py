@@ -44,7 +44,7 @@ def model_folder(folder: Path) -> Path:
 
 def main() -> None:
     from hf_tune import load_recipe
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
     from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
 
     work = HERE.parent / "runs" / "plan_against_gpu"

@@ -57,7 +57,7 @@ _EXPORTS = {
     "build_datasets": "hf_tune.data",
     "build_trainer": "hf_tune.build.run_build",
     "HfTuneTrainer": "hf_tune.trainer.hooks",
-    "train": "hf_tune.commands.train",
+    "train": "hf_tune.workflows.train",
     "load_model": "hf_tune.lifecycle.run_reader",
 }
 __all__ = sorted([*_EXPORTS, "search"])

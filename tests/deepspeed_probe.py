@@ -18,7 +18,7 @@ recipe = load_recipe(recipe_path)
 args = build_training_arguments(recipe)
 if "whole-run" in arguments[2:]:  # a word, not a flag: torchrun reads "--run" as its own --run-path
     from hf_tune.commands.command_line import configure_logging
-    from hf_tune.commands.train import train
+    from hf_tune.workflows.train import train
 
     configure_logging()
     trainer = train(recipe)

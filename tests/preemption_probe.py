@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 
 from hf_tune.build.loading import load_recipe
 from hf_tune.commands.command_line import configure_logging, user_errors
-from hf_tune.commands.train import train
+from hf_tune.workflows.train import train
 
 recipe_path, step, signal_name, signalled_rank = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 

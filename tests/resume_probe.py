@@ -11,7 +11,7 @@ from transformers import TrainerCallback
 
 from hf_tune import load_recipe
 from hf_tune.commands.command_line import configure_logging
-from hf_tune.commands.train import train
+from hf_tune.workflows.train import train
 from hf_tune.runtime.distributed import end_process_group
 
 

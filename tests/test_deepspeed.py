@@ -234,7 +234,7 @@ def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_t
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    from hf_tune.commands.plan import model_state_memory
+    from hf_tune.workflows.plan import model_state_memory
 
     total, largest = 134_515_008, 28_311_552  # SmolLM2-135M: all parameters; its embedding, the largest module
     ours = model_state_memory(total, total, largest, world, mixed_precision=True, param_bytes=4)
@@ -249,7 +249,7 @@ def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_t
 
 def test_plan_prints_model_state_memory_per_rank_for_lora_and_full(tmp_path, tiny_llama_dir):
     """Counts from the tiny Llama's config by hand: fp32, world size 4, AdamW."""
-    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.workflows.plan import format_plan, plan
 
     config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
     d, f, L, V = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]

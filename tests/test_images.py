@@ -75,7 +75,7 @@ def test_per_block_learning_rates_of_the_vit_follow_the_decay(vit_run):
 
 @pytest.mark.slow
 def test_a_convnext_trains_and_decays_by_stage(shapes, tmp_path):
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     model = save_tiny(tmp_path / "convnext", "convnext")
     recipe = load_recipe(REPO / "recipes/image_classifier.yaml",
@@ -125,7 +125,7 @@ def test_a_bad_image_is_refused_before_training_naming_file_and_row(fault, tmp_p
 
 
 def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
-    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.workflows.plan import format_plan, plan
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -49,13 +49,14 @@ def test_a_shipped_config_builds_the_published_model_on_the_meta_device(name, of
         assert decoder_params(config) == published[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SCALE, ids=[p.stem for p in SCALE])
 def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, offline, tmp_path, capsys):
     """Planned for the machine the recipe records (no --world-size), the estimate is the one its header states and
     fits that machine's GPU with init's headroom; validate reads the shipped config offline too."""
     from hf_tune import load_recipe
     from hf_tune.commands.cli import main
-    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.workflows.plan import format_plan, plan
 
     gpus, gpu_gb = map(int, re.search(r"(\d+)x(\d+)gb", path.stem).groups())
     result = plan(load_recipe(path), out_dir=tmp_path)
@@ -90,7 +91,7 @@ def test_the_70b_qlora_plan_counts_4_bit_weights_partitioned_over_eight_ranks(of
     import json
 
     from hf_tune import load_recipe
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     c = json.loads((REPO / "hf_tune/model/configs/meta-llama--Llama-3.1-70B-Instruct.json").read_text())
     h, f, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
@@ -149,7 +150,7 @@ def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path
     (the log-softmax of every position but the last: 4 bytes each), and at the peak at least two (that log-softmax
     and its gradient)."""
     from hf_tune import load_recipe
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     path = REPO / "recipes/scale/gemma-3-1b-1x24gb.yaml"
     chunked = plan(load_recipe(path), out_dir=tmp_path)
@@ -166,7 +167,7 @@ def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path
 def test_a_plan_writes_only_into_its_out_folder(offline, tmp_path, monkeypatch):
     """``hf-tune plan --out DIR`` leaves no empty run folder behind (``training.output_dir`` is relative here)."""
     from hf_tune import load_recipe
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     recipe = load_recipe(REPO / "recipes/scale/llama-3.1-8b-1x24gb.yaml",
                          [f"data.train.path={REPO / 'examples/data/chat_demo.jsonl'}"])

@@ -292,7 +292,7 @@ def test_the_plan_shows_no_reference_for_orpo_and_the_teachers_memory_partitione
         tmp_path, tiny_llama_dir, teacher_dir):
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.workflows.plan import format_plan, plan
 
     orpo = plan(load_recipe(method_recipe("orpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"),
                                           tmp_path / "orpo")))
@@ -341,7 +341,7 @@ def test_orpo_resumed_from_its_checkpoint_trains_the_same_losses_and_adapter_bit
 
 
 def test_the_plan_shows_rloos_reference_only_with_its_kl_penalty(tmp_path, tiny_llama_dir):
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     for beta, reference in ((0.0, "none"), (0.05, "the base with the adapter disabled (no copy)")):
         raw = method_recipe("rloo", tiny_llama_dir, prompts_file(tmp_path / "q.jsonl"), tmp_path / "run",

@@ -14,8 +14,8 @@ from huggingface_hub import constants
 
 from conftest import free_port
 from fake_hub import FakeHub
-from hf_tune.lifecycle import hub, tracking
-from hf_tune.lifecycle.tracking import wandb_base_url, wandb_can_sync
+from hf_tune.lifecycle import hub, wandb_run
+from hf_tune.lifecycle.wandb_run import wandb_base_url, wandb_can_sync
 
 
 class LocalServer:
@@ -97,7 +97,7 @@ def network(monkeypatch):
             monkeypatch.setenv(name, url)
         huggingface_hub.close_session()  # its client reads the proxy settings when it is made
 
-    clear = (hub.hub_is_reachable.cache_clear, tracking.server_answers.cache_clear, huggingface_hub.close_session)
+    clear = (hub.hub_is_reachable.cache_clear, wandb_run.server_answers.cache_clear, huggingface_hub.close_session)
     for step in clear:
         step()
     yield use_proxy
@@ -139,7 +139,7 @@ def test_the_wandb_probe_asks_the_self_hosted_server_through_the_proxy(network, 
         monkeypatch.setenv("WANDB_BASE_URL", base_url)
         monkeypatch.setenv("WANDB_API_KEY", "local-key")
         assert wandb_can_sync() == (False, f"the W&B server {base_url} does not answer")
-        tracking.server_answers.cache_clear()
+        wandb_run.server_answers.cache_clear()
         network(proxy.url)
         assert wandb_can_sync() == (True, "")
     assert proxy.requests == [("HEAD", f"{base_url}/")]  # that server only: nothing went to api.wandb.ai

@@ -201,7 +201,7 @@ def test_min_lr_ratio_needs_a_cosine_schedule(tmp_path, tiny_llama_dir):
 
 def test_plan_counts_the_steps_the_run_takes_and_writes_the_schedule_plot(tmp_path, tiny_llama_dir):
     from hf_tune import train
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=-1, num_train_epochs=2,
                       per_device_train_batch_size=8, gradient_accumulation_steps=3, warmup_steps=0.25)

@@ -20,7 +20,7 @@ from hf_tune.errors import HfTuneError
 def trained_run(tmp_path_factory, tiny_llama_dir) -> Path:
     """A finished 2-step LoRA run with a complete checkpoint at each step."""
     from hf_tune.build.loading import load_recipe
-    from hf_tune.commands.train import train
+    from hf_tune.workflows.train import train
 
     out = tmp_path_factory.mktemp("reader") / "run"
     raw = chat_recipe(tiny_llama_dir, out, save_strategy="steps", save_steps=1)
@@ -108,7 +108,7 @@ def test_a_crash_that_cut_the_manifest_short_is_mended_by_the_rerun_its_error_na
     import json
 
     from hf_tune.build.loading import load_recipe
-    from hf_tune.commands.train import train
+    from hf_tune.workflows.train import train
 
     run = tmp_path / "run"
     run.mkdir()
@@ -139,7 +139,7 @@ def test_a_run_killed_after_its_last_checkpoint_is_not_trained_a_step_further(tr
     """Killed after checkpoint-2 (its max_steps) was saved, before the run ended: Trainer would resume it and train a
     third step (measured: global_step 3), changing the model. The rerun is refused, naming the checkpoint to use."""
     from hf_tune.build.loading import load_recipe
-    from hf_tune.commands.train import train
+    from hf_tune.workflows.train import train
     from hf_tune.errors import RecipeError
 
     run = tmp_path / "run"

@@ -97,7 +97,7 @@ def test_the_shipped_recipe_trains_lora_on_the_language_model_in_mllm_demo_layou
 
 
 def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -15,7 +15,7 @@ from vision_inputs import recipe_overrides, tiny_vlm, trl_rows, write_images  # 
 def test_plan_counts_each_images_tokens_as_the_processor_expands_them(tiny_vlm, tmp_path):  # noqa: F811
     from transformers import AutoConfig, AutoProcessor
 
-    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.workflows.plan import format_plan, plan
     from hf_tune.model.memory import activation_memory
 
     paths = write_images(tmp_path / "images")

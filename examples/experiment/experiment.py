@@ -91,7 +91,7 @@ def before_after(run_dir: Path) -> dict:
 
 def memory_and_scaling(recipe: Path, run_dir: Path) -> dict:
     from hf_tune import load_recipe
-    from hf_tune.commands.plan import plan
+    from hf_tune.workflows.plan import plan
 
     metrics = json.loads((run_dir / "run.json").read_text())["metrics"]
     loaded = load_recipe(recipe)

@@ -24,7 +24,7 @@ from hf_tune.recipe import Recipe, apply_values, validate_recipe
 from hf_tune.model.meta import config_model_class, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
-from hf_tune.lifecycle.tracking import check_explicit_wandb_online
+from hf_tune.lifecycle.tracking import check_trackers
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
@@ -200,14 +200,7 @@ def _check_flash_attention_installed(recipe: Recipe) -> None:
                       "remove the key: hf_tune runs flash attention where it is installed, else sdpa_varlen")
 
 
-def _check_wandb_online(recipe: Recipe) -> None:
-    """The user's ``WANDB_MODE=online`` wins over hf_tune's offline fallback, so it must work (asks only when set)."""
-    targets = recipe.training.get("report_to")
-    if any(name in ("wandb", "all") for name in ([targets] if isinstance(targets, str) else list(targets or []))):
-        check_explicit_wandb_online()
-
-
 CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_hub_datasets, _check_fsdp, _check_push, _check_training_arguments,
                                                  _check_search_samples, _check_lora_init,
-                                                 _check_flash_attention_installed, _check_wandb_online,
+                                                 _check_flash_attention_installed, check_trackers,
                                                  _check_evaluation_tasks)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from hf_tune.catalog.trackers import tracker_files
 from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_terminal, recipe_arguments, user_errors
 from hf_tune.commands.option_types import gpu_memory_gb, number, whole
 from hf_tune.redaction import redact_secrets
@@ -37,7 +38,7 @@ def _train(args) -> None:
 
 
 def _plan(args) -> None:
-    from hf_tune.commands.plan import format_plan, plan
+    from hf_tune.workflows.plan import format_plan, plan
     from hf_tune.build.loading import load_recipe
 
     print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
@@ -327,7 +328,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
                help="the base model's Hub id, for an adapter trained on a local folder"),
         option("--include-manifest", action="store_true",
                help="also upload run.json (host name, command line, environment), trainer_state.json and plots"),
-        option("--include-logs", action="store_true", help="also upload tracker logs (wandb/, mlruns/, runs/)"))),
+        option("--include-logs", action="store_true", help="also upload tracker logs "
+               f"({', '.join(f'{folder}/' for folder in tracker_files('logs'))})"))),
     "compare": Verb(_compare, "table of runs' differing recipe keys and results; their curves in one PNG", options=(
         option("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)"),
         option("--out", default="compare.png", help="the PNG of overlaid loss and eval curves"))),

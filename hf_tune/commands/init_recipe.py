@@ -22,7 +22,7 @@ from hf_tune.model.loading import stored_in_mxfp4
 from hf_tune.model.meta import build_meta_model, config_model_class, load_model_config
 from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
-from hf_tune.commands.plan import plan_memory
+from hf_tune.workflows.plan import plan_memory
 from hf_tune.recipe import validate_recipe
 from hf_tune.training_args import build_training_arguments
 

@@ -55,7 +55,7 @@ def reproduce(run_dir: str | Path, out: str | Path | None = None, against: str |
     import torch
 
     from hf_tune.build.loading import load_recipe
-    from hf_tune.commands.train import train
+    from hf_tune.workflows.train import train
 
     threads = manifest.get("cpu_threads")
     if threads and threads != torch.get_num_threads():

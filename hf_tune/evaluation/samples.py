@@ -1,19 +1,18 @@
 """Generation samples at each evaluation: the recipe's prompts (``evaluation.samples``) generated greedily, so the
 same weights give the same text, appended to the run folder's ``samples.jsonl`` and sent to the trackers of
-``training.report_to`` (a W&B table, an MLflow artifact, TensorBoard text)."""
+``training.report_to`` that take them (``hf_tune.catalog.trackers``: a W&B table, an MLflow artifact, TensorBoard
+text)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_tune.lifecycle.run_folder import SAMPLES, TENSORBOARD_DIR
-
-SAMPLES_TENSORBOARD_RUN = "samples"  # the TensorBoard run of the samples' text
+from hf_tune.catalog.trackers import reported
+from hf_tune.lifecycle.run_folder import SAMPLES
 
 logger = logging.getLogger(__name__)
 
@@ -63,38 +62,11 @@ class GenerationSamples(TrainerCallback):
 
 
 def report_samples(args, rows: list[dict], path: Path, step: int) -> None:
-    """The samples to each tracker of ``args.report_to`` that has a run open (a tracker's failure is logged, not
-    raised: samples never stop training)."""
-    targets = set(args.report_to or [])
-    for name, send in (("wandb", _to_wandb), ("mlflow", _to_mlflow), ("tensorboard", _to_tensorboard)):
-        if name in targets:
+    """The samples to each tracker of ``args.report_to`` that takes them (a tracker's failure is logged, not raised:
+    samples never stop training)."""
+    for tracker in reported(args.report_to):
+        if tracker.samples:
             try:
-                send(args, rows, path, step)
+                tracker.function("samples")(args, rows, path, step)
             except Exception as err:  # noqa: BLE001  (a tracker's own error)
-                logger.warning("Generation samples were not sent to %s: %s", name, err)
-
-
-def _to_wandb(args, rows, path, step) -> None:
-    import wandb
-
-    if wandb.run is not None:
-        table = wandb.Table(columns=["step", "prompt", "completion"],
-                            data=[[r["step"], r["prompt"], r["completion"]] for r in rows])
-        wandb.run.log({"eval/samples": table}, commit=False)
-
-
-def _to_mlflow(args, rows, path, step) -> None:
-    import mlflow
-
-    if mlflow.active_run() is not None:
-        mlflow.log_artifact(str(path))  # the whole file: every evaluation's samples so far
-
-
-def _to_tensorboard(args, rows, path, step) -> None:
-    from torch.utils.tensorboard import SummaryWriter
-
-    text = "\n\n".join(f"**{r['prompt']}**\n\n{r['completion']}" for r in rows)
-    # a TensorBoard run of its own beside Trainer's (TENSORBOARD_LOGGING_DIR, else output_dir/runs/<date_host>)
-    root = os.environ.get("TENSORBOARD_LOGGING_DIR") or str(Path(args.output_dir) / TENSORBOARD_DIR)
-    with SummaryWriter(log_dir=str(Path(root) / SAMPLES_TENSORBOARD_RUN)) as writer:
-        writer.add_text("eval/samples", text, global_step=step)
+                logger.warning("Generation samples were not sent to %s: %s", tracker.name, err)

@@ -18,9 +18,10 @@ from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 from hf_tune.catalog.sources import looks_like_local_path
+from hf_tune.catalog.trackers import TRACKERS
 
 PACKAGES = ("hf_tune", "torch", "transformers", "datasets", "accelerate", "peft", "trl", "deepspeed", "optuna",
-            "evaluate", "wandb", "mlflow")
+            "evaluate", *(tracker.package for tracker in TRACKERS.values()))  # every tracker's version too
 LINEAGE_FIELDS = ("recipe", "base_model", "datasets", "git", "packages")  # the keys of run_lineage, in run.json
 KEY_UNSAFE = re.compile(r"[^/\w.\- :]")  # what MLflow refuses in a param or tag name (a rank_pattern regex, ...)
 

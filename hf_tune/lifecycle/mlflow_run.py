@@ -1,4 +1,4 @@
-"""The MLflow run of a run folder: hf_tune opens it itself (name, tags, the flattened recipe and lineage as params,
+"""MLflow, an entry of the tracker table (``hf_tune.catalog.trackers``). The MLflow run of a run folder: hf_tune opens it itself (name, tags, the flattened recipe and lineage as params,
 one run per run folder and tracking URI across resumes), so that Trainer's ``MLflowCallback`` logs its metrics into
 it; the default store is SQLite in the run folder. MLflow itself is imported only where a run uses it."""
 
@@ -7,20 +7,63 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
+from hf_tune.catalog.trackers import TRACKERS
 from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage, run_lineage
-from hf_tune.redaction import redact_urls
+from hf_tune.redaction import redact_urls, url_has_credentials
 from hf_tune.recipe.schema import Recipe
 
 logger = logging.getLogger(__name__)
+
+MLFLOW = TRACKERS["mlflow"]
+STORE_DB, STORE_ARTIFACTS = "mlflow.db", "artifacts"  # in the run folder's MLFLOW.logs: the default store (SQLite)
+
+
+def configure_mlflow(recipe: Recipe, run_dir: Path) -> None:
+    """The store (default: the run folder's own) and the experiment (``tracking.project``), where the environment
+    does not already say; a URI with a password keeps MLflow from printing its run links whole."""
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        os.environ["MLFLOW_TRACKING_URI"] = run_folder_mlflow_uri(run_dir)
+        (run_dir / MLFLOW.logs).mkdir(parents=True, exist_ok=True)
+    if recipe.tracking.project:
+        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", recipe.tracking.project)
+    if url_has_credentials(os.environ["MLFLOW_TRACKING_URI"]):  # MLflow prints its run links to stdout whole
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def active_mlflow_run():
+    """MLflow's active run in this process (MLflow itself not imported if nothing imported it)."""
+    mlflow = sys.modules.get("mlflow")
+    return mlflow.active_run() if mlflow is not None else None
+
+
+def close_mlflow_run(run_dir: Path, run_id: str | None, status: str) -> None:
+    """The run folder's description into the run hf_tune opened (``run_id``), then the active run ended with
+    ``status`` once Trainer's asynchronous metric logging is flushed."""
+    import mlflow
+
+    if run_id is not None:
+        log_run_folder_artifacts(run_dir, run_id)
+    if mlflow.active_run() is not None:
+        mlflow.flush_async_logging()
+        mlflow.end_run(status)
+
+
+def mlflow_samples(args, rows: list[dict], path: Path, step: int) -> None:
+    """The samples file so far (every evaluation's samples) as an artifact of the active run."""
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.log_artifact(str(path))
 
 
 def run_folder_mlflow_uri(run_dir: Path) -> str:
     """The default MLflow store: SQLite in ``run_dir/mlruns`` (MLflow 3 refuses a plain file store unless
     ``MLFLOW_ALLOW_FILE_STORE=true``), artifacts beside it."""
-    return f"sqlite:///{(run_dir / run_folder.MLFLOW_DIR / run_folder.MLFLOW_DB).resolve()}"
+    return f"sqlite:///{(run_dir / MLFLOW.logs / STORE_DB).resolve()}"
 
 
 def start_mlflow_run(recipe: Recipe, run_dir: Path, args=None, datasets: dict | None = None) -> str:
@@ -73,7 +116,7 @@ def mlflow_experiment_id(client, run_dir: Path, uri: str, name: str | None = Non
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    artifacts = run_dir / run_folder.MLFLOW_DIR / run_folder.MLFLOW_ARTIFACTS
+    artifacts = run_dir / MLFLOW.logs / STORE_ARTIFACTS
     artifacts = artifacts.resolve().as_uri() if own_store else None
     try:
         return client.create_experiment(name, artifact_location=artifacts)
@@ -86,7 +129,7 @@ def existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        run_id = json.loads((run_dir / run_folder.MLFLOW_RUN_ID).read_text()).get(redact_urls(uri))
+        run_id = json.loads((run_dir / MLFLOW.run_id_file).read_text()).get(redact_urls(uri))
     except (OSError, ValueError):
         return None
     if run_id is None:
@@ -98,7 +141,7 @@ def existing_mlflow_run(client, run_dir: Path, uri: str) -> str | None:
 
 
 def save_mlflow_run_id(run_dir: Path, uri: str, run_id: str) -> None:
-    path = run_dir / run_folder.MLFLOW_RUN_ID
+    path = run_dir / MLFLOW.run_id_file
     try:
         ids = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -1,5 +1,6 @@
-"""Every file name of a run folder (``training.output_dir``) and of a search's study folder, named once here, and
-which of its checkpoints are complete (files only: read by every verb that opens a run without loading a library)."""
+"""Every file name of a run folder (``training.output_dir``) and of a search's study folder, named once here (the
+trackers' in their table), and which of its checkpoints are complete (files only: read by every verb that opens a run
+without loading a library)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,7 @@ LR_SCHEDULE_PLOT = "lr_schedule.png"  # hf-tune plan
 ADAPTER_CONFIG, MODEL_CONFIG = "adapter_config.json", "config.json"  # a LoRA run's adapter, or a full model
 CLASS_LABELS = "class_labels.json"  # a LoRA run of a classifier: its head's id2label, which the adapter lacks
 MERGED = "merged"  # hf-tune merge's default output folder
-WANDB_RUN_ID = "wandb_run_id"  # one W&B run per run folder, continued on resume
-MLFLOW_RUN_ID = "mlflow_run_id"  # one MLflow run per run folder and tracking URI, continued on resume
-MLFLOW_DB, MLFLOW_ARTIFACTS = "mlflow.db", "artifacts"  # in MLFLOW_DIR: the default MLflow store (SQLite)
-WANDB_DIR, MLFLOW_DIR, TENSORBOARD_DIR = "wandb", "mlruns", "runs"  # tracker logs
+# each tracker's folder and run-id file: its entry in hf_tune.catalog.trackers
 CV_RESULTS = "cv_results.json"  # hf-tune cv
 SAMPLES = "samples.jsonl"  # evaluation.samples: one line per prompt per evaluation (step, prompt, completion)
 WATCHED_SCORES = "eval_scores.jsonl"  # hf-tune eval: one line per scored checkpoint (step, checkpoint, scores)

@@ -19,6 +19,7 @@ from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.search_space import check_search_settings
 from hf_tune.catalog.rewards import reward_spec
 from hf_tune.catalog.tasks import task_of
+from hf_tune.catalog.trackers import TRACKERS
 
 
 def check_consistency(recipe: Recipe, optim_given: bool) -> None:
@@ -216,12 +217,9 @@ def _refuse_mistyped_task(best: str, tasks: list[str]) -> None:
                       f"spell the task the same in evaluation.tasks and training.metric_for_best_model")
 
 
-# Optional integrations: the package a recipe key needs, and how to install it.
+# Optional integrations: the package a recipe key needs, and how to install it (each tracker's from its entry).
 INTEGRATIONS = {"deepspeed": ("deepspeed", "pip install 'hf_tune[deepspeed]'"),
-                "wandb": ("wandb", "pip install 'hf_tune[wandb]'"),
-                "tensorboard": ("tensorboard", "pip install 'hf_tune[tensorboard]'"),
-                "mlflow": ("mlflow", "pip install 'hf_tune[mlflow]'"),
-                "trackio": ("trackio", "pip install 'hf_tune[trackio]'"),
+                **{t.name: (t.package, f"pip install 'hf_tune[{t.extra}]'") for t in TRACKERS.values()},
                 "liger": ("liger_kernel", "pip install liger-kernel (Triton kernels: on a CUDA GPU), or remove "
                           "training.use_liger_kernel")}
 

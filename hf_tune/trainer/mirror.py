@@ -25,12 +25,13 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_tune.catalog.trackers import tracker_files
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle import run_folder
 from hf_tune.trainer.checkpoints import MARKER, checkpoints, is_complete, last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
-RUN_FILES = (run_folder.RECIPE, run_folder.MANIFEST, run_folder.WANDB_RUN_ID, run_folder.MLFLOW_RUN_ID)
+RUN_FILES = (run_folder.RECIPE, run_folder.MANIFEST, *tracker_files("run_id_file"))
 STAGING = ".mirror_upload"  # in output_dir: hard links of the checkpoints waiting for their upload
 
 

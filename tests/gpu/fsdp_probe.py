@@ -13,7 +13,7 @@ from hf_tune import load_recipe
 from hf_tune.build.run_build import build_run
 from hf_tune.trainer.checkpoints import resume_checkpoint
 from hf_tune.training_args import build_training_arguments
-from hf_tune.commands.train import save_final_model
+from hf_tune.workflows.train import save_final_model
 
 recipe = load_recipe(sys.argv[1])
 args = build_training_arguments(recipe)
