@@ -57,8 +57,13 @@ demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 experiment: setup
 	$(PY) examples/experiment/experiment.py --out runs/experiment $(EXPERIMENT_ARGS)
 
+# the suite on two workers (pytest-xdist), one test at a time each, the slow ones first (tests/conftest.py): on two
+# cores about a quarter less wall time than one worker (benchmarks/RESULTS.md, "The test suite"); PYTEST_WORKERS=
+# (empty) runs it in one process
+PYTEST_WORKERS ?= -n 2 --dist load --maxschedchunk 1
+
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # the GPU suite (tests/gpu, marker gpu): skipped where CUDA is unavailable
 test-gpu: setup

@@ -16,6 +16,10 @@ import launch
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
 SMOLLM2 = "embedded:SmolLM2-135M-Instruct"
+# `make test` runs the suite on two pytest workers (pytest-xdist): an OpenMP thread that waits spins on a core by
+# default, which on two cores starves the other worker's processes; a waiting thread sleeps instead (every process a
+# test starts inherits it; it changes no result)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # every DeepSpeed op the session builds (in this process or a launch) goes to the suite's own folder, never the
 # user's default one, where a killed build's lock would hang DeepSpeed runs outside the suite
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", launch.TORCH_EXTENSIONS["TORCH_EXTENSIONS_DIR"])
@@ -139,6 +143,25 @@ def references(tmp_path_factory):
     return References(tmp_path_factory.mktemp("references"))
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The slow tests (trainings, launches) first: the workers then end together, not one of them on a long test
+    while the other has nothing left."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each group
+
+
+def pytest_sessionfinish(session) -> None:
+    """On a pytest-xdist worker: its launch counts, for the controller's summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["launches"] = dict(launch.COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """On the controller, as each worker ends: its launch counts added to the run's."""
+    launch.COUNTS.update(getattr(node, "workeroutput", {}).get("launches", {}))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The processes the tests started (tests/launch.py): a new test's launches show in every run's summary."""
+    """The processes the tests started (tests/launch.py), every worker's: a new test's launches show in every run's
+    summary."""
     terminalreporter.write_line(launch.summary())

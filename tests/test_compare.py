@@ -104,6 +104,7 @@ def ray_study(tmp_path_factory, tiny_llama_dir):
     return study, result
 
 
+@pytest.mark.slow
 def test_a_ray_study_folder_stands_for_its_trials_as_an_optuna_one_does(ray_study, tmp_path, capsys):
     from inputs import reported
 

@@ -131,6 +131,7 @@ def test_plan_counts_the_published_models_by_hand(name, offline):
     assert abs((active - embedding) / 1e9 - published_active) < 0.06  # published to one decimal (Qwen: 3.35 as 3.3)
 
 
+@pytest.mark.slow
 def test_init_adapts_the_experts_where_they_fit_and_attention_only_where_they_do_not(offline, tmp_path):
     """Qwen3-30B-A3B on one 73 GB GPU (a budget of 65.7 GB): LoRA on the 128 experts' fused tensors does not fit
     (their adapters and AdamW states: 67.4 GB planned), LoRA on attention does (63.8 GB), with its dropout; the recipe

@@ -27,6 +27,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_asha_stops_the_trials_its_rule_says_and_the_best_recipe_reproduces(tmp_path, tiny_llama_dir, local_ray):
     space = {"training.learning_rate": {"type": "categorical", "choices": [3e-2, 1e-2, 1e-6, 3e-6]}}
     raw = ray_recipe(tiny_llama_dir, tmp_path / "study", {
@@ -72,6 +73,7 @@ def adapter(folder: Path) -> dict:
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 def test_pbt_exploit_copies_the_donor_checkpoint_and_trains_on_with_the_mutated_value(tmp_path, tiny_llama_dir,
                                                                                     local_ray):
     import torch
@@ -158,6 +160,7 @@ def test_ray_grid_takes_categorical_keys_and_gives_each_combination_once(tmp_pat
     assert space["lora.target_modules"] == {"grid_search": [["q_proj"], "all-linear"]}
 
 
+@pytest.mark.slow
 def test_a_dpo_recipe_searches_beta_on_ray_with_one_trainer_per_trial(tmp_path, tiny_llama_dir, local_ray):
     from inputs import conversational_pairs, method_recipe
 
