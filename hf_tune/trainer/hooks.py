@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate.data_loader import IterableDatasetShard
@@ -22,6 +23,10 @@ from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer.monitors import Monitors, monitors_of
 from hf_tune.trainer.reference import ReferenceLogpsCache
+
+if TYPE_CHECKING:  # the annotations' classes: the hooks reach them through the trainer's monitors
+    from hf_tune.trainer.loss_guard import NonFiniteLossGuard
+    from hf_tune.trainer.throughput import Throughput
 
 
 class HfTuneMixin:
@@ -50,13 +55,13 @@ class HfTuneMixin:
         self.perplexity = causal if perplexity is None else perplexity
 
     @property
-    def throughput(self):
+    def throughput(self) -> Throughput | None:
         """The throughput counter the hooks feed (None where the run counts no tokens)."""
         return monitors_of(self).throughput
 
     @property
-    def loss_guard(self):
-        """The NaN guard the hooks feed."""
+    def loss_guard(self) -> NonFiniteLossGuard | None:
+        """The NaN guard the hooks feed (None with `Monitors()`)."""
         return monitors_of(self).loss_guard
 
     @override
