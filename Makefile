@@ -57,10 +57,10 @@ demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 experiment: setup
 	$(PY) examples/experiment/experiment.py --out runs/experiment $(EXPERIMENT_ARGS)
 
-# the suite on two workers (pytest-xdist), one test at a time each, the slow ones first (tests/conftest.py): on two
-# cores about a quarter less wall time than one worker (benchmarks/RESULTS.md, "The test suite"); PYTEST_WORKERS=
+# the suite on two workers (pytest-xdist; each takes half the files in order, then steals from the other): on two
+# cores about a quarter less wall time than one process (benchmarks/RESULTS.md, "The test suite"); PYTEST_WORKERS=
 # (empty) runs it in one process
-PYTEST_WORKERS ?= -n 2 --dist load --maxschedchunk 1
+PYTEST_WORKERS ?= -n 2 --dist worksteal
 
 test: setup
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)

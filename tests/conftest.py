@@ -115,10 +115,11 @@ def mlflow_server(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     log = (folder / "server.log").open("w")
+    # without MLflow's job runner: its dozen idle consumer processes would take CPU from the tests all session
     proc = launch.start("mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                         "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
                         str(folder / "artifacts"), cwd=folder, stdout=log, stderr=subprocess.STDOUT,
-                        start_new_session=True)
+                        start_new_session=True, env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while True:
@@ -141,12 +142,6 @@ def references(tmp_path_factory):
     from runs import References
 
     return References(tmp_path_factory.mktemp("references"))
-
-
-def pytest_collection_modifyitems(items) -> None:
-    """The slow tests (trainings, launches) first: the workers then end together, not one of them on a long test
-    while the other has nothing left."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each group
 
 
 def pytest_sessionfinish(session) -> None:

@@ -59,6 +59,10 @@ def test_study_over_learning_rate_and_lora_r_then_best_recipe_reproduces_the_bes
     assert best["values"][0] == min(values)
     for name in ("best_recipe.yaml", "trials.csv", "optimization_history.png", "study.db"):
         assert (tmp_path / "study" / name).is_file(), name
+    import matplotlib
+
+    # Optuna's plots set the ggplot style: the process's later plots (a notebook's, hf_tune's) keep their own style
+    assert matplotlib.rcParams["axes.prop_cycle"] == matplotlib.rcParamsDefault["axes.prop_cycle"]
 
     best_raw = yaml.safe_load(Path(result["best_recipe"]).read_text())
     assert "search" not in best_raw

@@ -61,12 +61,13 @@ def save_plot(study_dir: Path, name: str, draw: Callable[[], Any]) -> str | None
     from matplotlib.figure import Figure
 
     try:
-        drawn = draw()
-        figure = drawn if isinstance(drawn, Figure) else drawn.figure if hasattr(drawn, "figure") else \
-            drawn.flat[0].figure
-        figure.tight_layout()
-        figure.savefig(study_dir / name, dpi=100)
-        plt.close(figure)
+        with matplotlib.rc_context():  # Optuna's plots set the ggplot style process-wide: undone on leaving
+            drawn = draw()
+            figure = drawn if isinstance(drawn, Figure) else drawn.figure if hasattr(drawn, "figure") else \
+                drawn.flat[0].figure
+            figure.tight_layout()
+            figure.savefig(study_dir / name, dpi=100)
+            plt.close(figure)
         return str(study_dir / name)
     except Exception as err:  # a plot is a convenience: the study's results are in trials.csv
         logger.warning("search: no %s (%s)", name, err)
