@@ -49,6 +49,9 @@ def format_before_after(result: dict, width: int = 44) -> str:
 
 
 if __name__ == "__main__":
+    from hf_tune.commands.command_line import plain_progress_off_a_terminal
+
+    plain_progress_off_a_terminal()  # `make demo`'s log: no progress bar redrawn with carriage returns
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", nargs="?", default="runs/llm_lora")
     print(format_before_after(before_after(parser.parse_args().run_dir)))

@@ -6,7 +6,9 @@ it like ``eval_loss``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,9 @@ class Harness:
             with torch.no_grad(), _quiet():
                 lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size,
                           device=str(model.device))
+                if os.environ.get("TQDM_DISABLE"):  # lm-eval hands its bars disable=False, over tqdm's variable
+                    for name in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
+                        setattr(lm, name, functools.partial(getattr(lm, name), disable_tqdm=True))
                 results = lm_eval.simple_evaluate(
                     model=lm, tasks=list(self.tasks), num_fewshot=self.num_fewshot, limit=self.limit,
                     task_manager=self.task_manager, bootstrap_iters=0, log_samples=False,
