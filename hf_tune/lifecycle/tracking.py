@@ -20,15 +20,9 @@ from hf_tune.redaction import redact_secrets
 TRACKER_ENV = tracker_environment()
 
 
-def report_targets(recipe: Recipe) -> list[str]:
-    targets = recipe.training.get("report_to", "none")
-    targets = [targets] if isinstance(targets, str) else list(targets or [])
-    return [] if targets in (["none"], []) else targets
-
-
 def recipe_trackers(recipe: Recipe) -> list[Tracker]:
     """The table's entries of the recipe's ``training.report_to``."""
-    return reported(report_targets(recipe))
+    return reported(recipe.training.get("report_to"))
 
 
 @contextlib.contextmanager
