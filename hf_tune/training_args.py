@@ -81,15 +81,13 @@ def gpu_defaults(kwargs: dict, cuda: bool, bf16_supported: bool, launcher_precis
     return added
 
 
-def computes_in_half_precision(recipe: Recipe) -> bool:
-    """Whether the run's matmuls run in bf16 or fp16: training.bf16 / fp16 (hf_tune's GPU default included), the
-    DeepSpeed config's own, or a half-precision model dtype."""
-    kwargs = training_kwargs(recipe)
-    config = kwargs.get("deepspeed") if isinstance(kwargs.get("deepspeed"), dict) else {}
+def computes_in_half_precision(recipe: Recipe, args: TrainingArguments) -> bool:
+    """Whether the run's matmuls run in bf16 or fp16: its arguments' bf16 / fp16 (hf_tune's GPU default included), the
+    DeepSpeed config's own, or a half-precision model dtype. Reads the arguments built once for the run."""
+    config = args.deepspeed if isinstance(args.deepspeed, dict) else {}
     by_deepspeed = any(isinstance(config.get(kind), dict) and config[kind].get("enabled") is True
                        for kind in ("fp16", "bf16"))
-    return bool(kwargs.get("bf16") or kwargs.get("fp16") or by_deepspeed) or recipe.model.dtype in ("bfloat16",
-                                                                                                     "float16")
+    return bool(args.bf16 or args.fp16 or by_deepspeed) or recipe.model.dtype in ("bfloat16", "float16")
 
 
 def _deepspeed_sets_precision(kwargs: dict) -> bool:

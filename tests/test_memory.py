@@ -66,7 +66,9 @@ def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, 
     assert result["peak_per_rank"] / 2**30 == pytest.approx(stated, abs=0.05) and stated <= 0.9 * gpu_gb
     assert result["activations"]["source"] == "probe"
     text = format_plan(result)
-    assert result["setup"] in text and f"fits the {gpu_gb} GB GPU the recipe was written for" in text
+    assert result["setup"] in text and f"fits the memory budget of {0.9 * gpu_gb:.2f} GB (90% of {gpu_gb:.2f} GB, " \
+        "machine.gpu_memory_gb)" in text
+    assert result["decisions"]["memory"]["changed"] == []  # init's choice fits as written: nothing refitted
     main(["validate", str(path)])
     attention = "eager" if "gpt-oss" in path.stem else "sdpa_varlen"  # gpt-oss's attention sinks: no SDPA kernel
     assert f"attn_implementation: {attention}  # hf_tune's default" in capsys.readouterr().out
@@ -153,8 +155,9 @@ def test_under_the_chunked_loss_the_plan_counts_no_full_logits(offline, tmp_path
     from hf_tune.workflows.plan import plan
 
     path = REPO / "recipes/scale/gemma-3-1b-1x24gb.yaml"
-    chunked = plan(load_recipe(path), out_dir=tmp_path)
-    full = plan(load_recipe(path, ["model.chunked_loss=false"]), out_dir=tmp_path)
+    same = "training.activation_checkpointing=false"  # both as written: the full logits would not fit, refitted
+    chunked = plan(load_recipe(path, [same]), out_dir=tmp_path)
+    full = plan(load_recipe(path, [same, "model.chunked_loss=false"]), out_dir=tmp_path)
     tokens, vocabulary = chunked["activations"]["tokens"], 262_144
     assert tokens == load_recipe(path).data.batch_tokens
     assert chunked["decisions"]["chunked_loss"] and not full["decisions"]["chunked_loss"]

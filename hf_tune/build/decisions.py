@@ -1,16 +1,20 @@
-"""What hf_tune decides for a run, decided once: one pure value computed from the recipe, its training arguments, the
-model's config and this machine, which ``plan``, ``validate`` (``hf-tune validate``'s marked defaults), ``init`` and
-``run.json`` read. The build applies the same rules to the loaded model (``build_model`` chooses the attention,
-``causal_loss`` proves the chunked loss on the head); what it ran is recorded beside this value in ``run.json``."""
+"""What hf_tune decides for a run, decided once: one value computed from the recipe, its training arguments, the
+model's config and this machine, before any weight loads. ``build_run`` passes its fields into the builders (the
+model's attention and checkpointing, the collator's padding-free rows, the loss's chunking, the micro-batch), and
+``plan``, ``validate`` (``hf-tune validate``'s marked defaults), ``init`` and ``run.json`` read the same value. A check
+on the real model (flash attention fails to load, the head fails the chunked proof) may only fall back: the fallback
+and its reason are recorded (``Run.fall_back``: one log line, and ``fallbacks`` in ``run.json``'s decisions), and
+``ran(run)`` asserts that the built run runs its decisions."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from transformers import TrainingArguments
 
-from hf_tune.errors import RecipeError
+from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.catalog.formats import format_of
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
@@ -23,6 +27,9 @@ from hf_tune.model.meta import config_model_class, load_model_config, meta_dtype
 from hf_tune.model.moe import is_moe_config
 from hf_tune.recipe.schema import Recipe
 from hf_tune.trainer.preemption import saves_on_signal
+from hf_tune.build.memory_fit import Budget, fit_memory, memory_budget
+
+logger = logging.getLogger("hf_tune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +37,7 @@ class RunDecisions:
     """Every choice hf_tune makes for a run where the recipe may be silent."""
 
     weights_dtype: str  # what the weights load in
+    compute_dtype: str  # what the matmuls compute in: autocast's dtype, a quantized base's compute dtype, the weights'
     mixed_precision: str | None  # "bf16", "fp16" or None: the matmuls' autocast
     attention: str | None  # None: transformers' own choice (not a causal LM, or the packing probe failed)
     padding_free: bool  # flattened rows of whole examples
@@ -38,18 +46,28 @@ class RunDecisions:
     checkpointing: bool  # activation checkpointing (training's or FSDP's)
     checkpointing_kwargs: dict | None
     micro_batch_tokens: int  # tokens one rank's micro-batch holds at most
+    per_device_train_batch_size: int  # examples (or packs) of one rank's micro-batch
+    gradient_accumulation_steps: int
     resume_from_checkpoint: str
     save_on_signal: bool
     router_aux_loss_coef: float | None = None  # a mixture of experts' load-balancing loss in SFT (None: off)
+    memory: dict | None = None  # the fit to the machine's memory (build/memory_fit.py): budget, changes, fits
+    fallbacks: tuple = ()  # (decision, decided, ran, why) of each check on the real model that fell back
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As ``run.json`` keeps it (JSON's types: the fallbacks a list)."""
+        return {**dataclasses.asdict(self), "fallbacks": [dict(record) for record in self.fallbacks]}
 
 
-def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: type | None = None) -> RunDecisions:
+def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: type | None = None, model=None,
+           world: int | None = None, padding_ratio: float | None = None, budget: Budget | None = None,
+           fit: bool = True) -> RunDecisions:
     """The run's decisions. ``config``: the model's (read from where ``from_pretrained`` finds it, or the copy
-    hf_tune ships, when not given); ``model_class``: the class the run builds (found from the config when not given:
-    a built run passes its own, a remote-code model's included); no weight and no tokenizer is read."""
+    hf_tune ships, when not given); ``model_class``: the class the run builds (found from the config when not given);
+    no weight and no tokenizer is read. With ``fit``, the decisions are fitted to ``budget`` (the machine's memory,
+    ``memory_budget``, when not given; ``build/memory_fit.py``): ``model`` is the recipe's model on the meta device
+    (built from the config when not given), ``world`` the ranks to plan for (the launch's when not given),
+    ``padding_ratio`` the packs' padding (``pack_padding_ratio``)."""
     task, method = task_of(recipe.model.task), method_of(recipe.method)
     config = config if config is not None else load_model_config(recipe)
     mixed = "bf16" if args.bf16 else "fp16" if args.fp16 else None
@@ -57,7 +75,7 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
     if task.causal and not method.uses_trl:
         model_class = model_class or config_model_class(recipe, config)
         if attention is None:
-            attention = decide_attention(recipe, model_class, config)
+            attention = decide_attention(recipe, args, model_class, config)
         padding_free = decide_padding_free(recipe, model_class, attention, config)
     fsdp_config = args.fsdp_config if isinstance(getattr(args, "fsdp_config", None), dict) else {}
     checkpointing = bool(recipe.training.get("activation_checkpointing") or recipe.training.get(
@@ -65,16 +83,52 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
         or fsdp_config.get("activation_checkpointing"))
     kwargs = (recipe.training.get("activation_checkpointing_kwargs")
               or recipe.training.get("gradient_checkpointing_kwargs"))
-    # no [tokens, vocabulary] logits: TRL's fused LM head (DPO, KTO, GRPO), or hf_tune's chunked loss (SFT; a
-    # vision-language run's is decided on the model alone)
+    # no [tokens, vocabulary] logits: TRL's fused LM head (DPO, KTO, GRPO), or hf_tune's chunked loss (SFT, proven on
+    # the model's head when it loads)
     chunked = method.uses_trl or (not task.vision_language and task.causal and expects_chunked_loss(recipe))
-    return RunDecisions(
-        weights_dtype=str(meta_dtype(recipe, config)).removeprefix("torch."), mixed_precision=mixed,
+    weights = str(meta_dtype(recipe, config)).removeprefix("torch.")
+    decided = RunDecisions(
+        weights_dtype=weights, compute_dtype=compute_dtype(recipe, mixed, weights), mixed_precision=mixed,
         attention=attention, padding_free=padding_free, chunked_loss=chunked,
         liger=bool(recipe.training.get("use_liger_kernel")), checkpointing=checkpointing,
         checkpointing_kwargs=kwargs, micro_batch_tokens=micro_batch_tokens(recipe, args),
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
         resume_from_checkpoint=str(recipe.training.get("resume_from_checkpoint", "auto")),
         save_on_signal=saves_on_signal(recipe), router_aux_loss_coef=router_loss_coefficient(recipe, config))
+    if not fit:
+        return decided
+    if model is None:
+        from hf_tune.model.meta import build_meta_model
+
+        model = build_meta_model(recipe)
+    budget = budget or memory_budget(recipe, args)
+    return fit_memory(recipe, args, decided, model, world or args.world_size, budget, padding_ratio)
+
+
+def compute_dtype(recipe: Recipe, mixed: str | None, weights: str) -> str:
+    """The dtype the matmuls compute in: a quantized base's ``bnb_4bit_compute_dtype`` (float32 when unset, as
+    ``BitsAndBytesConfig`` defaults), else autocast's, else the weights'."""
+    quantization = recipe.model.quantization_config
+    if quantization:
+        return str(quantization.get("bnb_4bit_compute_dtype") or "float32").removeprefix("torch.")
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed, weights)
+
+
+def apply_to_arguments(decisions: RunDecisions, recipe: Recipe, args: TrainingArguments) -> Recipe:
+    """The fitted decisions written into the run's arguments (built once: the fields Trainer and TRL read when they
+    are constructed) and into its recipe, which ``recipe.yaml`` keeps; returns the recipe."""
+    training = dict(recipe.training)
+    if decisions.checkpointing and not args.activation_checkpointing:
+        args.activation_checkpointing = args.gradient_checkpointing = True  # transformers 5 keeps both names
+        args.activation_checkpointing_kwargs = args.gradient_checkpointing_kwargs = decisions.checkpointing_kwargs
+        training.update(activation_checkpointing=True, activation_checkpointing_kwargs=decisions.checkpointing_kwargs)
+    if decisions.per_device_train_batch_size != args.per_device_train_batch_size:
+        args.per_device_train_batch_size = decisions.per_device_train_batch_size
+        args.gradient_accumulation_steps = decisions.gradient_accumulation_steps
+        training.update(per_device_train_batch_size=decisions.per_device_train_batch_size,
+                        gradient_accumulation_steps=decisions.gradient_accumulation_steps)
+    return recipe if training == recipe.training else dataclasses.replace(recipe, training=training)
 
 
 def router_loss_coefficient(recipe: Recipe, config) -> float | None:
@@ -96,17 +150,18 @@ def router_loss_coefficient(recipe: Recipe, config) -> float | None:
     return float(value) if value else None
 
 
-def decide_attention(recipe: Recipe, model_class: type, config) -> str:
-    """The attention ``build_model`` chooses where the recipe is silent: sdpa_varlen where the packing probe proved
-    it exact (flash attention instead on a GPU where installed, in half precision), else transformers' sdpa."""
+def decide_attention(recipe: Recipe, args: TrainingArguments, model_class: type, config) -> str:
+    """The attention a causal LM runs where the recipe is silent: sdpa_varlen where the packing probe proved it exact
+    (flash attention instead on a GPU, in half precision, where the model supports it and one is installed), else
+    transformers' sdpa. The build applies it; flash failing to load falls back to sdpa_varlen, recorded."""
     import torch
 
     if not getattr(model_class, "_supports_sdpa", True):  # gpt-oss (its attention sinks): transformers' eager
         return "eager"
     if default_attn_implementation(True, model_class, config) != SDPA_VARLEN:
         return "sdpa"
-    on_gpu = torch.cuda.is_available() and not recipe.training.get("use_cpu")
-    if on_gpu and computes_in_half_precision(recipe):
+    on_gpu = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
+    if on_gpu and getattr(model_class, "_supports_flash_attn", False) and computes_in_half_precision(recipe, args):
         return next(iter(flash_candidates(torch.cuda.get_device_capability())), SDPA_VARLEN)
     return SDPA_VARLEN
 
@@ -124,19 +179,35 @@ def micro_batch_tokens(recipe: Recipe, args: TrainingArguments) -> int:
 
 
 def ran(run) -> RunDecisions:
-    """What a built run (``build_run``) runs, read off its objects: the attention the model loaded with, the
-    collator's padding-free rows, the trainer's loss, its checkpointing and precision. ``run.json`` keeps it."""
+    """The decisions the built run (``build_run``) runs, checked against what its objects run: the attention the
+    model loaded with, the collator's padding-free rows, the trainer's loss, the arguments' checkpointing and batch.
+    Each may differ from the decision only where the build recorded a fallback; anything else is an ``HfTuneError``
+    (a builder that decided again). ``run.json`` keeps the result."""
     from hf_tune.model.loss import is_chunked
     from hf_tune.model.attention import loaded_attn_implementation
 
-    recipe, args, trainer = run.recipe, run.args, run.trainer
-    collator = getattr(trainer, "data_collator", None)
-    base = run.model.get_base_model() if hasattr(run.model, "get_base_model") else run.model
-    decided = decide(recipe, args, base.config, type(base))
+    decided, args, trainer = run.decisions, run.args, run.trainer
+    sft = not method_of(run.recipe.method).uses_trl
     loss = getattr(trainer, "compute_loss_func", None)
-    chunked = decided.chunked_loss if method_of(recipe.method).uses_trl else is_chunked(loss)
-    return dataclasses.replace(
-        decided, attention=loaded_attn_implementation(run.model),
-        padding_free=bool(getattr(collator, "padding_free", decided.padding_free)), chunked_loss=chunked,
-        router_aux_loss_coef=getattr(loss, "coefficient", None),
-        weights_dtype=str(next(run.model.parameters()).dtype).removeprefix("torch."))
+    observed = {"checkpointing": bool(args.activation_checkpointing),
+                "per_device_train_batch_size": args.per_device_train_batch_size,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    if decided.attention is not None:
+        observed["attention"] = loaded_attn_implementation(run.model)
+    if sft and task_of(run.recipe.model.task).causal:
+        observed["padding_free"] = bool(getattr(trainer.data_collator, "padding_free", False))
+        observed["chunked_loss"] = is_chunked(loss)
+        observed["router_aux_loss_coef"] = getattr(loss, "coefficient", None)
+    wrong = [f"{name}: decided {getattr(decided, name)!r}, the run has {value!r}" for name, value in observed.items()
+             if value != getattr(decided, name)]
+    if wrong:
+        raise HfTuneError("the built run does not run its decisions (a bug in hf_tune: please report it): "
+                          + "; ".join(wrong))
+    return decided
+
+
+def fall_back(decisions: RunDecisions, name: str, value, why: str) -> RunDecisions:
+    """``decisions`` with ``name`` set to what the run falls back to, the fallback recorded, and one log line."""
+    logger.info("%s: %s decided, %s runs instead (%s)", name, getattr(decisions, name), value, why)
+    record = {"decision": name, "decided": getattr(decisions, name), "ran": value, "why": why}
+    return dataclasses.replace(decisions, **{name: value}, fallbacks=(*decisions.fallbacks, record))

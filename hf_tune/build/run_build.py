@@ -2,10 +2,12 @@
 ``plan``, ``cv`` and ``search`` alike, so they cannot drift apart. The trainer builders live here too, and
 ``attach_callbacks`` is the one place that decides and attaches a run's callbacks.
 
-The order matters: the training arguments come first (under a CPU DeepSpeed launch they start the process group
-that ZeRO-3's model loading needs) and the launch is checked before anything heavy; the data is loaded once, by the
-main process first, and gives the class names to the model; the seed is set right before the model is built, so its
-freshly initialised weights (classification heads, LoRA) are the same in every run with that seed.
+The order matters: the training arguments come first, built once (under a CPU DeepSpeed launch they start the
+process group that ZeRO-3's model loading needs) and the launch is checked before anything heavy; the data is loaded
+once, by the main process first, and gives the class names to the model; the run's decisions are taken before any
+weight loads (on the main process, for every rank), fitted to the machine's memory and written into the arguments;
+the seed is set right before the model is built, so its freshly initialised weights (classification heads, LoRA)
+are the same in every run with that seed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hf_tune.trainer.renamed_weights import ReloadRenamedWeights
 from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
 from hf_tune.model.loss import ChunkedCausalLMLoss, RouterBalancedLoss
 from hf_tune.data.preference import load_method_data
-from hf_tune.runtime.distributed import check_distributed, fit_cpu_threads
+from hf_tune.runtime.distributed import check_distributed, decided_on_main, fit_cpu_threads
 from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.evaluation.trainer_metrics import build_callbacks, build_compute_metrics
 from hf_tune.evaluation.downstream import build_downstream_scores, build_sample_callbacks
@@ -33,7 +35,7 @@ from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.model.attention import loaded_attn_implementation
-from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head
+from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, log_chunked_loss_off
 from hf_tune.model.loading import model_class
 from hf_tune.optim.resume import RecipeHyperparameters
 from hf_tune.recipe.schema import Recipe
@@ -45,7 +47,8 @@ from hf_tune.trainer.world_size import BatchShape
 from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
 from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.training_args import build_training_arguments
-from hf_tune.build.decisions import router_loss_coefficient
+from hf_tune.build.decisions import RunDecisions, apply_to_arguments, decide, fall_back, router_loss_coefficient
+from hf_tune.build.memory_fit import pack_padding_ratio, refuse_unfit
 
 
 def build_data(recipe: Recipe, tokenizer, args: TrainingArguments) -> TrainingData:
@@ -67,7 +70,8 @@ def build_model_and_tokenizer(recipe: Recipe):
     (``build_run`` reads them once, with the data it builds)."""
     tokenizer = build_tokenizer(recipe)
     labels = dataset_labels(recipe) if task_of(recipe.model.task).class_labels else None
-    return build_model(recipe, tokenizer, labels), tokenizer
+    decisions = decide(recipe, build_training_arguments(recipe), fit=False)
+    return build_model(recipe, tokenizer, labels, attention=decisions.attention), tokenizer
 
 
 @dataclasses.dataclass
@@ -78,6 +82,11 @@ class Run:
     data: TrainingData
     model: Any | None
     trainer: HfTuneTrainer | None = None
+    decisions: RunDecisions | None = None  # taken before the model loaded; a builder's fallback replaces a field
+
+    def fall_back(self, name: str, value, why: str) -> None:
+        """A builder could not run the decision ``name`` on the real model: ``value`` runs instead, for ``why``."""
+        self.decisions = fall_back(self.decisions, name, value, why)
 
 
 def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: TrainingData | None = None,
@@ -96,13 +105,19 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
     method = method_of(recipe.method)
     if data is None:
         data = build_data(recipe, tokenizer, args)
-    run = Run(recipe, args, tokenizer, data, model=None)
+    # decided once, before any weight loads, by the main process for every rank; a fit that cannot be met is refused
+    decisions = decided_on_main(lambda: decide(recipe, args, padding_ratio=pack_padding_ratio(data.train)))
+    refuse_unfit(decisions)
+    recipe = apply_to_arguments(decisions, recipe, args)
+    run = Run(recipe, args, tokenizer, data, model=None, decisions=decisions)
     set_seed(args.seed)
     # TRL's trainers wrap the model with the recipe's LoRA themselves: the reference is the adapter disabled
     run.model = build_model(dataclasses.replace(recipe, lora=None) if method.uses_trl else recipe, tokenizer,
-                            data.labels)
+                            data.labels, attention=decisions.attention, checkpointing=decisions.checkpointing,
+                            fall_back=run.fall_back)
     with stage_errors(lambda message: blame_key("training", recipe.training, message), "building the Trainer"):
-        run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args, callbacks=callbacks)
+        run.trainer = build_trainer(recipe, run.model, tokenizer, data.train, data.eval, args, callbacks=callbacks,
+                                    run=run)
     if method.uses_trl:  # the model TRL wrapped with the adapter, and the examples it tokenized
         run.model = run.trainer.model
         run.data = TrainingData(run.trainer.train_dataset, run.trainer.eval_dataset, labels=None)
@@ -110,22 +125,25 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
 
 
 def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
-                  callbacks: Sequence[TrainerCallback] = (), **kwargs) -> HfTuneTrainer:
+                  callbacks: Sequence[TrainerCallback] = (), run: Run | None = None, **kwargs) -> HfTuneTrainer:
     """The trainer of a recipe, with every callback of the run (``attach_callbacks``; ``callbacks``: the caller's
-    own, last). The collator follows the attention the model runs, and without a model the one it will choose."""
+    own, last). ``run``: the run being built, whose decisions the collator and the loss follow (without one, they
+    decide by the same rules: the collator from the attention the model runs)."""
     if method_of(recipe.method).uses_trl:
         trainer = build_method_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs)
     else:
         task = task_of(recipe.model.task)
         attention = loaded_attn_implementation(model) if model is not None else None
+        decided = run.decisions if run is not None else None
         trainer = HfTuneTrainer(
             model=model,
             args=args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=tokenizer,
-            data_collator=build_collator(recipe, tokenizer, model_class(recipe, model), attn_implementation=attention),
-            compute_loss_func=causal_loss(recipe, model) if task.causal else None,
+            data_collator=build_collator(recipe, tokenizer, model_class(recipe, model), attn_implementation=attention,
+                                         padding_free=decided.padding_free if decided else None),
+            compute_loss_func=causal_loss(recipe, model, run) if task.causal else None,
             compute_metrics=build_compute_metrics(recipe.evaluation),
             optim=recipe.optim,
             causal=task.causal,
@@ -135,15 +153,26 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
     return trainer
 
 
-def causal_loss(recipe: Recipe, model):
-    """The causal LM loss: its chunked form through the model's LM head, proven on the model first
-    (``hf_tune.model.chunked_head``), with ``model.chunked_loss: true`` or, left unset, where that proof passes and
-    the head is frozen; else ``causal_lm_loss``. A mixture of experts adds its router's load-balancing loss
-    (``RouterBalancedLoss``; the model returns it once ``output_router_logits`` is on)."""
-    if recipe.model.chunked_loss is False or model is None:
+def causal_loss(recipe: Recipe, model, run: Run | None = None):
+    """The causal LM loss: its chunked form through the model's LM head where the run decided it
+    (``hf_tune.build.decisions``; without a run, as ``model.chunked_loss`` says, and where it is unset, where the head
+    is frozen), proven on the model first (``hf_tune.model.chunked_head``): where the proof fails, a recipe that asked
+    for it is refused and a default falls back to ``causal_lm_loss``, recorded. A mixture of experts adds its
+    router's load-balancing loss (``RouterBalancedLoss``; the model returns it once ``output_router_logits`` is on)."""
+    chunked = run.decisions.chunked_loss if run is not None else recipe.model.chunked_loss
+    if not chunked or model is None:
         loss = causal_lm_loss
+        if chunked is False and recipe.model.chunked_loss is None:
+            log_chunked_loss_off(recipe)
+        if chunked is None and model is not None:  # a notebook's trainer without a run: the default's own rule
+            head = default_chunked_loss_head(recipe, model)
+            loss = causal_lm_loss if head is None else ChunkedCausalLMLoss(head)
+    elif recipe.model.chunked_loss:
+        loss = ChunkedCausalLMLoss(chunked_loss_head(model))  # asked for: a failed proof is the recipe's error
     else:
-        head = chunked_loss_head(model) if recipe.model.chunked_loss else default_chunked_loss_head(recipe, model)
+        head = default_chunked_loss_head(recipe, model)
+        if head is None and run is not None:
+            run.fall_back("chunked_loss", False, "the head failed the chunked proof on the model (logged above)")
         loss = causal_lm_loss if head is None else ChunkedCausalLMLoss(head)
     coefficient = None if model is None else router_loss_coefficient(recipe, model.config)
     if coefficient:

@@ -22,15 +22,13 @@ from hf_tune.model.loading import stored_in_mxfp4
 from hf_tune.model.meta import build_meta_model, config_model_class, load_model_config
 from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
-from hf_tune.workflows.plan import plan_memory
+from hf_tune.build.decisions import decide
+from hf_tune.build.memory_fit import HEADROOM, estimate_peak
 from hf_tune.recipe import validate_recipe
 from hf_tune.training_args import build_training_arguments
 
 TUNINGS = ("full", "lora", "qlora")
 FULL_AUTO_MAX_PARAMS = 2e9  # auto trains every weight of a model this small when it fits: LoRA saves little there
-# a plan fits in 90 % of the GPU: the activations are measured on CPU copies of the model (the probe), but a GPU's
-# kernels (flash attention, cuBLAS workspaces) and the allocator's fragmentation are not
-HEADROOM = 0.9
 PLACEHOLDER_DATA = "data/train.jsonl"  # written where --data is not given: the recipe says to put the data there
 TOKENS_PER_STEP = 131_072  # effective batch the accumulation aims at: 32 packs of 4k tokens
 MICRO_BATCH_TOKENS = (16384, 8192, 4096, 2048, 1024)
@@ -100,7 +98,10 @@ def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None
     key = (repr(parsed.lora), bool(parsed.model.quantization_config), parsed.model.dtype)
     if key not in models:
         models[key] = build_meta_model(parsed)
-    planned = plan_memory(parsed, build_training_arguments(parsed), models[key], world)
+    # the candidate as written (fit=False: each candidate is one point of the search), by plan's own estimate
+    args = build_training_arguments(parsed)
+    decisions = decide(parsed, args, models[key].config, model=models[key], world=world, fit=False)
+    planned = estimate_peak(parsed, args, decisions, models[key], world)
     return planned["peak_per_rank"], planned["activations"]["source"] or "formula"
 
 

@@ -109,22 +109,24 @@ def decide_padding_free(recipe: Recipe, model_class: type | None, attention: str
 
 
 def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
-                   attn_implementation: str | None = None):
+                   attn_implementation: str | None = None, padding_free: bool | None = None):
     """Classification: padded to the longest in the batch. Causal LM: padding-free when ``data.padding_free`` says so
     (default: where ``model_class`` supports it and it saves compute, see below), with the trained-positions mask when ``model.logits_to_keep:
     trained`` and the model's forward takes ``logits_to_keep``. ``attn_implementation``: what the built model
-    runs (it decides once, when it loads); without a model, what it will choose."""
+    runs; ``padding_free``: the run's decision (``hf_tune.build.decisions``), decided here by the same rule when not
+    given."""
     task = task_of(recipe.model.task)
     causal = task.causal
     if task.collator_class is not None:  # the task's own (images through the processor)
         return task.collator_class(tokenizer)
     if not causal:
         return DataCollatorWithPadding(tokenizer)
-    config = load_model_config(recipe) if model_class is not None else None  # its layer kinds, for the packing probe
-    attention = attn_implementation or recipe.model.attn_implementation or default_attn_implementation(
-        causal, model_class, config)
+    attention = attn_implementation or recipe.model.attn_implementation
+    if padding_free is None:
+        config = load_model_config(recipe) if model_class is not None else None  # its layer kinds, for the probe
+        attention = attention or default_attn_implementation(causal, model_class, config)
+        padding_free = decide_padding_free(recipe, model_class, attention, config)
     apart = runs_examples_apart(attention)
-    padding_free = decide_padding_free(recipe, model_class, attention, config)
     # Liger's patched forward (training.use_liger_kernel) slices hidden_states[:, logits_to_keep, :]: an integer or a
     # 1-D index, not the [batch, positions] mask, so under it the model projects all positions (or, with the chunked
     # loss, none: hf_tune.model.chunked_head.hidden_state_inputs)

@@ -59,34 +59,20 @@ def cached_kernel_commit(repo: str, cache: Path | None = None) -> str | None:
     return builds[0].relative_to(snapshots).parts[0] if builds else None
 
 
-def choose_attention(model, on_gpu: bool, half_precision: bool) -> str:
-    """Set the model's attention (flash where installed on a GPU, else ``sdpa_varlen``), log why, and return it.
-    ``half_precision``: the run computes in bf16 or fp16."""
-    reason = "no CUDA device"
-    if on_gpu:
-        name, reason = _try_flash(model, half_precision)
-        if name:
-            logger.info("Attention: %s (%s)", name, reason)
-            return name
-    model.set_attn_implementation(SDPA_VARLEN)
-    logger.info("Attention: %s (%s; transformers' SDPA with each flattened example apart)", SDPA_VARLEN, reason)
-    return SDPA_VARLEN
-
-
-def _try_flash(model, half_precision: bool) -> tuple[str | None, str]:
-    """(the flash implementation now set, why) or (None, why none was)."""
-    import torch
-
-    if not half_precision:
-        return None, "flash attention computes in bf16 / fp16 only, and this run computes in float32"
-    if not getattr(model, "_supports_flash_attn", False):
-        return None, f"{type(model).__name__} does not support flash attention"
-    failed = []
-    for name in flash_candidates(torch.cuda.get_device_capability()):
+def apply_attention(model, decided: str) -> tuple[str, str | None]:
+    """Set the attention ``decide`` chose on a loaded model; (what runs, why it is not the decision, or None). Only
+    flash attention may fail to load (a broken or mismatched build): then ``sdpa_varlen``, which also runs flattened
+    examples apart."""
+    if "flash" in decided:
         try:
-            model.set_attn_implementation(name)
-            return name, "installed"
-        except (ImportError, ValueError, OSError, RuntimeError) as err:  # a broken or mismatched build
-            failed.append(f"{name}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
-    return None, ("flash attention failed to load: " + "; ".join(failed) if failed else
-                  "no flash attention installed (pip install flash-attn, or kernels with a cached kernel)")
+            model.set_attn_implementation(decided)
+            logger.info("Attention: %s (installed)", decided)
+            return decided, None
+        except (ImportError, ValueError, OSError, RuntimeError) as err:
+            why = f"flash attention failed to load: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            model.set_attn_implementation(SDPA_VARLEN)
+            return SDPA_VARLEN, why
+    model.set_attn_implementation(decided)
+    if decided == SDPA_VARLEN:
+        logger.info("Attention: %s (transformers' SDPA with each flattened example apart)", SDPA_VARLEN)
+    return decided, None

@@ -46,14 +46,27 @@ def recipe_turns_chunked_loss_off(recipe: Recipe) -> str | None:
 
 
 def expects_chunked_loss(recipe: Recipe) -> bool:
-    """Whether an SFT run of ``recipe`` will compute the chunked loss, judged without the model (for ``plan``): the
-    key's value, else on under LoRA that leaves the LM head frozen. The run itself also proves the head on the model
-    and falls back where that fails."""
+    """Whether an SFT run of ``recipe`` computes the chunked loss, decided without the model (``decide``): the key's
+    value, else on under LoRA that leaves the LM head frozen. The run proves the head on the model and falls back
+    where that fails."""
     if recipe.model.chunked_loss is not None:
         return recipe.model.chunked_loss
+    return why_no_chunked_loss(recipe) is None
+
+
+def why_no_chunked_loss(recipe: Recipe) -> str | None:
+    """Why the default keeps the chunked loss off for this recipe (the full logits of the trained positions), or
+    None where it is on."""
     lora = recipe.lora or {}
-    head_trains = recipe.lora is None or "lm_head" in f"{lora.get('target_modules')} {lora.get('modules_to_save')}"
-    return not head_trains and recipe_turns_chunked_loss_off(recipe) is None
+    if recipe.lora is None or "lm_head" in f"{lora.get('target_modules')} {lora.get('modules_to_save')}":
+        return "the LM head trains, and its chunked backward would recompute the logits (slower)"
+    return recipe_turns_chunked_loss_off(recipe)
+
+
+def log_chunked_loss_off(recipe: Recipe) -> None:
+    """The default's decision to keep the chunked loss off, and why: one log line."""
+    logger.info("%s: off, the loss reads the full logits of the trained positions (%s)", KEY,
+                why_no_chunked_loss(recipe))
 
 
 def chunked_loss_head(model) -> LogitHead:

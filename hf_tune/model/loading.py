@@ -10,8 +10,8 @@ from transformers import AutoTokenizer
 
 from hf_tune.catalog.templates import template_text
 from hf_tune.errors import HfTuneError, RecipeError, stage_errors
-from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
-from hf_tune.model.attention_choice import choose_attention
+from hf_tune.model.attention import loaded_attn_implementation
+from hf_tune.model.attention_choice import apply_attention
 from hf_tune.model.dropout import use_fast_lora_dropout
 from hf_tune.model.embedded import PREFIX, drop_gguf_quantizer, embedded_model_path, is_embedded
 from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
@@ -24,7 +24,6 @@ from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
 from hf_tune.catalog.sources import OFFLINE_MODEL_FIX, looks_like_local_path
 from hf_tune.catalog.tasks import task_of
-from hf_tune.training_args import computes_in_half_precision
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +62,13 @@ def stored_in_mxfp4(config) -> bool:
     return str(getattr(method, "value", method)) == "mxfp4"
 
 
-def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None):
+def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None, attention: str | None = None,
+                checkpointing: bool | None = None, fall_back=None):
     """The base model, wrapped by PEFT when the recipe has a ``lora`` section. ``labels``: class names of a
-    classification recipe (default: read from its training data), stored in the config as id2label / label2id."""
+    classification recipe (default: read from its training data), stored in the config as id2label / label2id.
+    ``attention`` and ``checkpointing``: the run's decisions (``hf_tune.build.decisions``; without them, the recipe's
+    own keys, and transformers' attention where it names none); ``fall_back(name, value, why)`` is told where the
+    model cannot run a decision (flash attention that fails to load)."""
     m, task = recipe.model, task_of(recipe.model.task)
     path = resolve_model_path(m.pretrained_model_name_or_path)
     kwargs = {**_source_kwargs(m), "dtype": m.dtype, "attn_implementation": m.attn_implementation,
@@ -97,10 +100,10 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         model.hf_tune_source = {"name_or_path": path, **{k: v for k, v in _source_kwargs(m).items()
                                                          if k != "trust_remote_code"}}
         drop_gguf_quantizer(model)
-        # The one place the attention is decided; the collator reads the model's choice (loaded_attn_implementation)
-        if (m.attn_implementation is None and model.config._attn_implementation == "sdpa"
-                and default_attn_implementation(task.causal, type(model), model.config) == SDPA_VARLEN):
-            _choose_attention(model, recipe)  # flash attention on a GPU where installed, else sdpa_varlen
+        if m.attn_implementation is None and attention is not None and loaded_attn_implementation(model) != attention:
+            ran, why = apply_attention(model, attention)  # the decision, applied (flash may fall back)
+            if why is not None and fall_back is not None:
+                fall_back("attention", ran, why)
     if not task.reads_text:  # a processor: no pad token, no vocabulary to fit
         tokenizer = None
     if freezes_vision(recipe):
@@ -113,15 +116,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None)
         log_new_tokens(tokenizer, rows, "with every weight (full fine-tune)" if recipe.lora is None else
                        "through peft's trainable_token_indices" if not _lora_trains_embeddings(recipe.lora) else
                        "as the lora section says")
-    return model if recipe.lora is None else wrap_lora(model, recipe, new_ids)
-
-
-def _choose_attention(model, recipe: Recipe) -> str:
-    """Both choices run flattened examples apart (``hf_tune.model.attention_choice``)."""
-    import torch
-
-    on_gpu = torch.cuda.is_available() and not recipe.training.get("use_cpu")
-    return choose_attention(model, on_gpu, on_gpu and computes_in_half_precision(recipe))
+    return model if recipe.lora is None else wrap_lora(model, recipe, new_ids, checkpointing)
 
 
 def _lora_trains_embeddings(lora: dict) -> bool:
@@ -136,17 +131,20 @@ def lora_section(model, recipe: Recipe) -> dict:
     return moe_lora(model, vision_lora_exclusions(model, recipe, recipe.lora or {}))
 
 
-def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None):
+def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None, checkpointing: bool | None = None):
     """The model wrapped by PEFT with the recipe's ``lora`` section. PEFT's errors name the ``lora`` key; a
     ``target_modules`` that matches nothing lists the model's linear modules to choose from. ``new_token_ids``:
-    tokens added for the chat template, whose embedding rows train through ``trainable_token_indices``."""
+    tokens added for the chat template, whose embedding rows train through ``trainable_token_indices``.
+    ``checkpointing``: the run's decision (the recipe's ``training.activation_checkpointing`` when not given)."""
     from peft import LoraConfig, get_peft_model
 
     lora = lora_section(model, recipe)  # the vision tower kept out unless model.train_vision_tower
     if new_token_ids and not _lora_trains_embeddings(lora):
         lora["trainable_token_indices"] = trainable_token_indices(model, new_token_ids)
 
-    checkpointing = bool(recipe.training.get("activation_checkpointing") or recipe.training.get("gradient_checkpointing"))
+    if checkpointing is None:
+        checkpointing = bool(recipe.training.get("activation_checkpointing")
+                             or recipe.training.get("gradient_checkpointing"))
     if recipe.model.quantization_config:
         model = prepare_for_lora(model, checkpointing, recipe.training.get("activation_checkpointing_kwargs")
                                  or recipe.training.get("gradient_checkpointing_kwargs"))

@@ -15,18 +15,16 @@ from hf_tune.build.run_build import build_method_data
 from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_of
-from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
-                            quantized_model_state_memory, quantized_weight_memory, recipe_setup)
+from hf_tune.model.memory import RUNTIME_RESERVE_BYTES, model_state_memory
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_tokenizer
-from hf_tune.model.activation_probe import ActivationEstimate, ProbeSetup, estimate_activations
 from hf_tune.model.moe import moe_shape
 from hf_tune.model.meta import build_meta_model
-from hf_tune.model.quantization import describe
 from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import Recipe
 from hf_tune.catalog.tasks import task_of
 from hf_tune.build.decisions import decide
+from hf_tune.build.memory_fit import estimate_peak, pack_padding_ratio
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
@@ -85,9 +83,6 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "machine": recipe.machine.model_dump(exclude_none=True) if recipe.machine else None,
         "lr_schedule_png": None,
     }
-    if method.teacher:
-        result["teacher"] = teacher_memory(recipe, world, result["setup"])
-        result["peak_per_rank"] += result["teacher"]["bytes_per_rank"]
     if total:
         out = Path(out_dir or args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -127,8 +122,7 @@ def example_tokens(train, processor, recipe: Recipe) -> dict | None:
     packed = isinstance(ids[0], list) and len(ids[0]) and isinstance(ids[0][0], list)
     packs = ids if packed else [[example] for example in ids]
     lengths = [len(example) for pack in packs for example in pack]
-    result = {"mean": sum(lengths) / len(lengths), "max": max(lengths),
-              "padding_ratio": max(len(pack) * max(map(len, pack)) / max(sum(map(len, pack)), 1) for pack in packs)}
+    result = {"mean": sum(lengths) / len(lengths), "max": max(lengths), "padding_ratio": pack_padding_ratio(train)}
     if packed:
         result.update(packs=len(packs), examples=len(lengths), examples_per_pack=len(lengths) / len(packs))
     if task_of(recipe.model.task).vision_language:
@@ -165,73 +159,19 @@ def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[d
 
 def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = None,
                 tokens_per_example: dict | None = None) -> dict:
-    """Model states per rank by setup (a quantized base's stored weights), activations of one micro-batch, and the
-    estimated peak of the setup the recipe runs (``hf_tune.model.memory``). The activations are measured by the
-    probe on the recipe's architecture (``hf_tune.model.activation_probe``) under the run's decisions
-    (``hf_tune.build.decisions``), or estimated by formula where the probe cannot run it. ``longest``: tokens of a
-    vision-language run's longest example (image tokens included), whose micro-batches are padded to it;
-    ``tokens_per_example``: ``example_tokens``' figures, whose padding ratio sets sdpa_varlen's padded gathers."""
-    total, trainable, largest = model_state_sizes(model)
-    mixed = bool(args.bf16 or args.fp16)
-    param_bytes = next(model.parameters()).element_size()
-    result = {"memory_per_rank": model_state_memory(total, trainable, largest, world, mixed, param_bytes)}
-    quantization = recipe.model.quantization_config
-    if quantization:
-        weights = quantized_weight_memory(model, quantization)
-        result["quantized_weights"] = {**weights, "quantization": describe(quantization)}
-        result["memory_per_rank"] = quantized_model_state_memory(weights["bytes"], trainable, 4 * largest, world, mixed)
-    result["memory_precision"] = "mixed 16-bit" if mixed else str(next(model.parameters()).dtype).split(".")[-1]
-    task = task_of(recipe.model.task)
+    """The run's decisions fitted to the machine (``hf_tune.build.decisions``, ``hf_tune.build.memory_fit``: the
+    budget and what the fit changed), and under them the model states per rank by setup, the activations of one
+    micro-batch (measured by the probe on the recipe's architecture, or a formula where it cannot run it, said so), a
+    teacher's weights, a generating method's cache, and the estimated peak of the setup the recipe runs.
+    ``longest``: tokens of a vision-language run's longest example (image tokens included), whose micro-batches are
+    padded to it; ``tokens_per_example``: ``example_tokens``' figures, whose padding ratio sets sdpa_varlen's padded
+    gathers."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decisions = decide(recipe, args, base.config)
-    tokens = decisions.micro_batch_tokens if task.reads_text else 0
-    if task.vision_language:  # the language model's tokens: text and image tokens, padded to the longest example
-        tokens = args.per_device_train_batch_size * (longest or recipe.data.max_length)
-    # the estimate counts a decoder's tokens: an image model's activations (and a VLM's tower's) are not estimated
-    activations = None if not tokens else activation_estimate(recipe, decisions, base, tokens, tokens_per_example)
-    setup = recipe_setup(recipe.training)
+    ratio = (tokens_per_example or {}).get("padding_ratio")
+    decisions = decide(recipe, args, base.config, model=model, world=world, padding_ratio=ratio)
+    result = estimate_peak(recipe, args, decisions, model, world, longest, ratio)
     result["decisions"] = decisions.to_dict()
-    result["activations"] = {"bytes": activations.kept if activations else 0,
-                             "peak_bytes": activations.peak if activations else 0, "tokens": tokens,
-                             "checkpointing": decisions.checkpointing,
-                             "source": activations.source if activations else None,
-                             "detail": activations.detail if activations else None}
-    result["setup"] = setup
-    peak_activations = activations.peak if activations else 0
-    result["peak_per_rank"] = result["memory_per_rank"][setup][0] + peak_activations + RUNTIME_RESERVE_BYTES
     return result
-
-
-def activation_estimate(recipe: Recipe, decisions, base, tokens: int,
-                        tokens_per_example: dict | None = None) -> ActivationEstimate:
-    """The probe's figure for a causal language model the probe can build; the formula's, said so, otherwise."""
-    lora = None if recipe.lora is None else {k: v for k, v in recipe.lora.items()
-                                             if k not in ("trainable_token_indices", "modules_to_save")}
-    if task_of(recipe.model.task).causal and not task_of(recipe.model.task).vision_language:
-        setup = ProbeSetup(
-            model_class=type(base), config=base.config, dtype=_torch_dtype(decisions.weights_dtype,
-                                                                           recipe.model.quantization_config),
-            mixed_precision=decisions.mixed_precision is not None, attention=decisions.attention,
-            padding_free=decisions.padding_free, lora=lora, fast_lora_dropout=recipe.model.fast_lora_dropout,
-            chunked_loss=decisions.chunked_loss, checkpointing=decisions.checkpointing,
-            checkpointing_kwargs=decisions.checkpointing_kwargs)
-        try:
-            return estimate_activations(setup, tokens, padding_ratio=(tokens_per_example or {}).get("padding_ratio"))
-        except Exception as error:  # an architecture the probe cannot build or run: the formula, said so
-            logger.warning("activation probe: %s: %s; activations estimated by formula", type(error).__name__,
-                           str(error)[:200])
-    kept = activation_memory(base.config, tokens, decisions.checkpointing,
-                             logit_positions=0 if decisions.chunked_loss else None,
-                             lora_r=(recipe.lora or {}).get("r", 0))
-    return ActivationEstimate(kept=kept, peak=kept, tokens=tokens, source="formula",
-                              detail="a formula (not measured): the probe does not run this model")
-
-
-def _torch_dtype(name: str, quantization: dict | None) -> torch.dtype:
-    """The dtype the probe builds the weights in: a quantized base computes in its compute dtype."""
-    if quantization:
-        name = str(quantization.get("bnb_4bit_compute_dtype") or "bfloat16")
-    return getattr(torch, name.removeprefix("torch."))
 
 
 def method_batch(method, effective: int, generations: int, batch_tokens: int | None = None) -> str:
@@ -257,19 +197,6 @@ def reference_model(recipe: Recipe, method, args) -> str:
         return "none"
     return "the base with the adapter disabled (no copy)" if recipe.lora is not None else \
         "a frozen copy of the model (full fine-tune)"
-
-
-def teacher_memory(recipe: Recipe, world: int, setup: str) -> dict:
-    """A distillation teacher's weights per rank: built on the meta device from its config in the dtype the recipe's
-    ``teacher`` section loads it in, partitioned over the ranks under ZeRO-3 (TRL prepares it with the student's
-    DeepSpeed config) and whole on each rank otherwise. Frozen: no gradients, no optimizer states."""
-    teacher = build_meta_model(dataclasses.replace(recipe, model=recipe.teacher, lora=None))
-    weights = sum(p.numel() * p.element_size() for p in teacher.parameters())
-    partitioned = setup.startswith("ZeRO-3")
-    return {"name": recipe.teacher.pretrained_model_name_or_path,
-            "params": sum(p.numel() for p in teacher.parameters()),
-            "dtype": str(next(teacher.parameters()).dtype).split(".")[-1], "bytes": weights,
-            "bytes_per_rank": weights // world if partitioned else weights, "partitioned": partitioned}
 
 
 def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> Path:
@@ -306,6 +233,23 @@ def teacher_line(teacher: dict) -> str:
     where = "partitioned over the ranks (ZeRO-3)" if teacher["partitioned"] else "whole on each rank"
     return (f"teacher: {teacher['name']}, {teacher['params']:,} parameters in {teacher['dtype']}, frozen: "
             f"{teacher['bytes_per_rank'] / 2**30:.2f} GB per rank ({where})")
+
+
+def fit_lines(memory: dict | None) -> list[str]:
+    """The memory fit, as plan prints it: the budget, what hf_tune changed to meet it, or what keeps it from fitting."""
+    if not memory:
+        return []
+    if memory.get("checked", "").startswith("not estimated"):
+        return [f"  memory budget {memory['budget']}: {memory['checked']}"]
+    lines = [f"  {'fits' if memory['fits'] else 'does NOT fit'} the memory budget of {memory['budget']}"]
+    lines += [f"  fitted: {change}" for change in memory["changed"]]
+    if not memory["fits"]:
+        keys = memory["keys_in_the_way"]
+        lines.append(f"  fix: remove {' and '.join(keys)} so that hf_tune fits the run" if keys else
+                     "  fix: `hf-tune init MODEL --gpus N --gpu-memory GB` writes the fastest recipe that fits "
+                     "(ZeRO, activation checkpointing, smaller packs, QLoRA, or LoRA on attention only for a "
+                     "mixture of experts)")
+    return lines
 
 
 def format_plan(result: dict) -> str:
@@ -361,16 +305,10 @@ def format_plan(result: dict) -> str:
     lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
                  f"(model states + activations at their peak{teacher} + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime "
                  "reserve)")
-    machine = result.get("machine")
-    if machine and machine.get("gpu_memory_gb"):
-        budget = machine["gpu_memory_gb"]
-        fits = result["peak_per_rank"] <= budget * 2**30
-        lines.append(f"  {'fits' if fits else 'does NOT fit'} the {budget:g} GB GPU the recipe was written for "
-                     "(machine.gpu_memory_gb)")
-        if not fits:
-            lines.append("  fix: `hf-tune init MODEL --gpus N --gpu-memory GB` writes the fastest recipe that fits "
-                         "(ZeRO, activation checkpointing, smaller packs, QLoRA, or LoRA on attention only for a "
-                         "mixture of experts)")
+    if result.get("generation_cache_bytes"):
+        lines.append(f"  + {result['generation_cache_bytes'] / 2**30:.2f} GB of keys and values while a micro-batch's "
+                     "completions are sampled")
+    lines.extend(fit_lines(decided.get("memory")))
     png = result["lr_schedule_png"]
     lines.append(f"\nLR schedule plot: {png}" if png else "\nLR schedule plot: none (the step count is not known)")
     return "\n".join(lines)

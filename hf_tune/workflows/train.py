@@ -53,7 +53,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
         refuse_a_checkpoint_with_nothing_left(Path(resume), args.max_steps)
     # torch.profiler over the recipe's profiled steps, into RUN_DIR/profile/
     profiler = [StepProfiler(recipe.profile, profile_dir(run_dir))] if recipe.profile is not None else []
-    run = build_run(recipe, args, callbacks=[*profiler, *callbacks])  # bad data or a bad model fails here, before anything is written
+    # bad data, a bad model or a run that cannot fit fails here, before anything is written (the launch: checked above)
+    run = build_run(recipe, args, check_launch=False, callbacks=[*profiler, *callbacks])
     with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
         with mirror_uploads(run.trainer, monitors_of(run.trainer).mirror):  # resilience.checkpoint_mirror: every upload awaited before leaving
             return _train(run, resume, started)
@@ -64,7 +65,7 @@ def _train(run: Run, resume: str | None, started: str):
     run_dir = Path(args.output_dir)
     main = trainer.is_world_process_zero()
     datasets = lineage_datasets(run)
-    decided = ran(run).to_dict()  # what this run runs, as plan and validate decided it and the build applied it
+    decided = ran(run).to_dict()  # what this run runs: plan's and validate's decisions, and any fallback recorded
     logger.info("rank %d of %d on %s", args.process_index, args.world_size, args.device)
     rollbacks = earlier_rollbacks(run_dir)  # resilience.rollback_on_nonfinite, in run.json: read before rewriting it
     resumed = Path(resume).name if resume else None
