@@ -89,7 +89,7 @@ def run_setup(setup: str, ns) -> dict:
     from hf_tune.workflows.plan import plan
     from hf_tune.data import build_training_data
     from hf_tune.model.attention import loaded_attn_implementation
-    from hf_tune.model.attention_choice import choose_attention
+    from hf_tune.model.attention_choice import apply_attention
     from hf_tune.model.loading import build_tokenizer, wrap_lora
 
     out = ns.work / setup
@@ -115,7 +115,7 @@ def run_setup(setup: str, ns) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     if setup.startswith("hf_tune"):
-        choose_attention(model, on_gpu=ns.device == "cuda", half_precision=True)
+        apply_attention(model, planned["decisions"]["attention"])  # plan's decision, as build_run applies it
         model = wrap_lora(model, recipe)
         trainer = build_trainer(recipe, model, tokenizer, data.train, None, args)
         metrics = trainer.train().metrics

@@ -115,20 +115,18 @@ def compute_dtype(recipe: Recipe, mixed: str | None, weights: str) -> str:
     return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed, weights)
 
 
-def apply_to_arguments(decisions: RunDecisions, recipe: Recipe, args: TrainingArguments) -> Recipe:
-    """The fitted decisions written into the run's arguments (built once: the fields Trainer and TRL read when they
-    are constructed) and into its recipe, which ``recipe.yaml`` keeps; returns the recipe."""
+def fitted_recipe(decisions: RunDecisions, recipe: Recipe) -> Recipe:
+    """The recipe with the memory fit's changes written into its ``training`` section (what ``recipe.yaml`` keeps and
+    the run's arguments are built from); the recipe itself where the fit changed nothing."""
+    if not (decisions.memory or {}).get("changed"):
+        return recipe
     training = dict(recipe.training)
-    if decisions.checkpointing and not args.activation_checkpointing:
-        args.activation_checkpointing = args.gradient_checkpointing = True  # transformers 5 keeps both names
-        args.activation_checkpointing_kwargs = args.gradient_checkpointing_kwargs = decisions.checkpointing_kwargs
+    if decisions.checkpointing and not training.get("activation_checkpointing"):
         training.update(activation_checkpointing=True, activation_checkpointing_kwargs=decisions.checkpointing_kwargs)
-    if decisions.per_device_train_batch_size != args.per_device_train_batch_size:
-        args.per_device_train_batch_size = decisions.per_device_train_batch_size
-        args.gradient_accumulation_steps = decisions.gradient_accumulation_steps
+    if decisions.per_device_train_batch_size != training.get("per_device_train_batch_size"):
         training.update(per_device_train_batch_size=decisions.per_device_train_batch_size,
                         gradient_accumulation_steps=decisions.gradient_accumulation_steps)
-    return recipe if training == recipe.training else dataclasses.replace(recipe, training=training)
+    return dataclasses.replace(recipe, training=training)
 
 
 def router_loss_coefficient(recipe: Recipe, config) -> float | None:

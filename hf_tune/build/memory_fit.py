@@ -149,7 +149,8 @@ def activation_estimate(recipe: Recipe, decisions, base, tokens: int,
             mixed_precision=decisions.mixed_precision is not None, attention=decisions.attention,
             padding_free=decisions.padding_free, lora=lora, fast_lora_dropout=recipe.model.fast_lora_dropout,
             chunked_loss=decisions.chunked_loss, checkpointing=decisions.checkpointing,
-            checkpointing_kwargs=decisions.checkpointing_kwargs)
+            checkpointing_kwargs=decisions.checkpointing_kwargs,
+            trl_fused_head=method_of(recipe.method).uses_trl)
         try:
             return estimate_activations(setup, tokens, padding_ratio=padding_ratio)
         except Exception as error:  # an architecture the probe cannot build or run: the formula, said so

@@ -13,6 +13,7 @@ are the same in every run with that seed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,8 +48,10 @@ from hf_tune.trainer.world_size import BatchShape
 from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
 from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.training_args import build_training_arguments
-from hf_tune.build.decisions import RunDecisions, apply_to_arguments, decide, fall_back, router_loss_coefficient
+from hf_tune.build.decisions import RunDecisions, decide, fitted_recipe, fall_back, router_loss_coefficient
 from hf_tune.build.memory_fit import pack_padding_ratio, refuse_unfit
+
+logger = logging.getLogger("hf_tune")
 
 
 def build_data(recipe: Recipe, tokenizer, args: TrainingArguments) -> TrainingData:
@@ -108,7 +111,11 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
     # decided once, before any weight loads, by the main process for every rank; a fit that cannot be met is refused
     decisions = decided_on_main(lambda: decide(recipe, args, padding_ratio=pack_padding_ratio(data.train)))
     refuse_unfit(decisions)
-    recipe = apply_to_arguments(decisions, recipe, args)
+    for change in decisions.memory["changed"] if decisions.memory else []:
+        logger.info("memory: %s, to fit the budget of %s", change, decisions.memory["budget"])
+    fitted = fitted_recipe(decisions, recipe)
+    if fitted is not recipe:  # rebuilt, not edited: TRL's configs derive fields from the batch (GRPO's generations)
+        recipe, args = fitted, build_training_arguments(fitted)
     run = Run(recipe, args, tokenizer, data, model=None, decisions=decisions)
     set_seed(args.seed)
     # TRL's trainers wrap the model with the recipe's LoRA themselves: the reference is the adapter disabled

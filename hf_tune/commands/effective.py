@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_tune.build.decisions import decide
+from hf_tune.build.memory_fit import refuse_unfit
 from hf_tune.training_args import build_training_arguments, training_kwargs
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
@@ -17,13 +18,21 @@ MARK = "  # hf_tune's default"
 
 def hf_tune_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
     """{section: {key: value}} of the values hf_tune fills in for this recipe on this machine."""
-    decisions = decide(recipe, build_training_arguments(recipe))  # the rules the build applies to the model
+    args = build_training_arguments(recipe)
+    decisions = decide(recipe, args)  # the rules the build applies, fitted to this machine
+    refuse_unfit(decisions)  # a recipe key that keeps the run from fitting: refused, as training would
     training = {key: value for key, value in training_kwargs(recipe).items()
                 if key not in recipe.training and key not in ("run_name", "project")}  # those two: tracking's
     if "resume_from_checkpoint" not in recipe.training:  # a recipe's own `auto` is the recipe's, not marked
         training["resume_from_checkpoint"] = decisions.resume_from_checkpoint
     if "enable_jit_checkpoint" not in recipe.training:
         training["enable_jit_checkpoint"] = decisions.save_on_signal  # upstream's default: off
+    if (decisions.memory or {}).get("changed"):  # the fit to this machine's memory
+        if decisions.checkpointing and "activation_checkpointing" not in recipe.training:
+            training.update(activation_checkpointing=True, activation_checkpointing_kwargs=decisions.checkpointing_kwargs)
+        if decisions.per_device_train_batch_size != args.per_device_train_batch_size:
+            training.update(per_device_train_batch_size=decisions.per_device_train_batch_size,
+                            gradient_accumulation_steps=decisions.gradient_accumulation_steps)
     defaults = {"training": training}
     if not method_of(recipe.method).uses_trl and task_of(recipe.model.task).causal:
         if recipe.model.attn_implementation is None:

@@ -85,13 +85,14 @@ class ProbeSetup:
     chunked_loss: bool
     checkpointing: bool
     checkpointing_kwargs: dict | None = None
+    trl_fused_head: bool = False  # the loss is TRL's fused LM head (its methods), not hf_tune's chunked loss
 
     def key(self) -> tuple:
         config = self.config.to_json_string(use_diff=False)
         lora = repr(sorted((self.lora or {}).items()))
         return (f"{self.model_class.__module__}.{self.model_class.__qualname__}", config, str(self.dtype),
                 self.mixed_precision, self.attention, self.padding_free, lora, self.fast_lora_dropout,
-                self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs))
+                self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs), self.trl_fused_head)
 
 
 _FITS: dict[tuple, tuple] = {}
@@ -106,7 +107,8 @@ def estimate_activations(setup: ProbeSetup, tokens: int, padding_ratio: float | 
     if key not in _FITS:
         _FITS[key] = _fit(setup, ratio)
     (kept, forward_peak, peak), loss_per_row, how = _FITS[key]
-    chunk = min(tokens, default_chunk_size(setup.config.vocab_size))  # the loss's largest chunk, in positions
+    # the loss's largest chunk, in positions: TRL's fused head projects up to TOKEN_CHUNK_SIZE positions at a time
+    chunk = min(tokens, trl_token_chunk() if setup.trl_fused_head else default_chunk_size(setup.config.vocab_size))
     # the loss runs at the end of the forward: the forward's level (its copies ran a tiny chunk) plus a real chunk
     peak_bytes = max(peak(tokens), forward_peak(tokens) + loss_per_row * chunk)
     return ActivationEstimate(kept=round(kept(tokens)), peak=round(peak_bytes),
@@ -153,7 +155,8 @@ def _fit(setup: ProbeSetup, ratio: float) -> tuple[tuple[Linear, Linear, Linear]
         at_full = _extrapolate({key: value[i] for key, value in figures.items()}, factors, layers)
         fits.append(Linear((at_full - fixed_full) / PROBE_TOKENS, fixed_full))
     # the chunked loss's chunk: the copies run a tiny one, this is the real one's, per position (up to a chunk)
-    transient = (_loss_transient_per_row(setup, probe_config(config, 1, factors[0]), factors[0])
+    transient = (_trl_head_transient_per_row(setup, config) if setup.trl_fused_head else
+                 _loss_transient_per_row(setup, probe_config(config, 1, factors[0]), factors[0])
                  if setup.chunked_loss else 0.0)
     widths = f"1/{', 1/'.join(str(k) for k in factors)} width" if factors != (1,) else "full width"
     how = (f"measured on 1- and 2-layer copies at {widths}, {PROBE_TOKENS} and {2 * PROBE_TOKENS} tokens in "
@@ -373,6 +376,45 @@ def _loss_transient_per_row(setup: ProbeSetup, config, k: int) -> float:
         loss.backward()
         del loss
     return (max(peak, _allocations(backward_profile, kept)[1]) - kept) * k / rows
+
+
+def trl_token_chunk() -> int:
+    """Positions TRL's fused LM head (``trl.kernels.ChunkedLogProbFunction``) projects at once: its module's
+    ``TOKEN_CHUNK_SIZE`` (4,096 in TRL 1.16), each against tiles of up to ``chunk_size`` (32,768) vocabulary columns."""
+    from trl.kernels import chunked_logprob
+
+    return int(getattr(chunked_logprob, "TOKEN_CHUNK_SIZE", 4096))
+
+
+TRL_PROBE_ROWS = 256  # the rows TRL's head is measured on; its tiles are rows x vocabulary columns, so it scales by rows
+
+
+def _trl_head_transient_per_row(setup: ProbeSetup, config) -> float:
+    """Bytes TRL's fused LM head holds at its peak through forward and backward, per position of one token chunk:
+    measured on ``TRL_PROBE_ROWS`` positions of the model's whole vocabulary (its tiles, ``[rows, vocabulary
+    columns]``, do not depend on the width, so a narrow hidden size stands in), in the run's dtype and autocast, with
+    every per-token output TRL's trainers may ask for. On a CPU its torch path holds several float32 copies of a tile
+    (a DPO step of SmolLM2's 49k vocabulary: 30 bytes a tile element), hf_tune's chunked loss about one."""
+    from torch.profiler import ProfilerActivity, profile
+    from trl.kernels import chunked_logprob
+
+    hidden_size, rows = 64, TRL_PROBE_ROWS
+    chunk_size = 32768  # the vocabulary columns of a tile, as TRL's fused head passes them
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        weight = torch.randn(config.vocab_size, hidden_size, dtype=setup.dtype) * 0.02  # frozen: no model state
+        hidden = torch.randn(rows, hidden_size, dtype=setup.dtype, requires_grad=True)
+        targets = torch.randint(0, config.vocab_size, (rows,))
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup.mixed_precision):
+            outputs = chunked_logprob.ChunkedLogProbFunction.apply(
+                hidden, weight, None, targets, 1.0, chunk_size, None, 1.0, chunked_logprob.OPTIONAL_OUTPUTS)
+            loss = -outputs[0].sum() + sum(out.float().sum() * 0 for out in outputs[1:] if out is not None)
+    kept, peak = _allocations(forward_profile, 0)
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
+        loss.backward()
+        del loss, outputs
+    return (max(peak, _allocations(backward_profile, kept)[1]) - kept) / rows
 
 
 @contextlib.contextmanager
