@@ -11,7 +11,7 @@ import torch
 import yaml
 
 import launch
-from conftest import DATA, REPO, chat_recipe
+from conftest import REPO, chat_recipe
 
 from hf_tune import load_recipe
 from hf_tune.build.decisions import decide, decide_attention

@@ -14,10 +14,31 @@ from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import run_lineage
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
+from hf_tune.runtime.machine import cpu_name
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# environment variables that change floating-point results or the kernels chosen
+NUMERIC_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+               "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "ACCELERATE_MIXED_PRECISION",
+               "ACCELERATE_DYNAMO_BACKEND", "TORCHDYNAMO_DISABLE")
+
+
+def numerics() -> dict:
+    """What beside the packages, data, seed, device and threads can change a run's numbers, for ``reproduce`` to
+    name: the CPU model (its vector instructions pick the kernels), torch's deterministic-algorithms switch and
+    float32 matmul precision, the launcher, and the environment variables that steer the math libraries."""
+    import torch
+
+    launcher = ("deepspeed" if "DEEPSPEED_LAUNCHER" in os.environ or "CROSS_RANK" in os.environ else
+                "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ and "ACCELERATE_MIXED_PRECISION" not in os.environ
+                else "accelerate" if "ACCELERATE_MIXED_PRECISION" in os.environ else "python")
+    return {"cpu": cpu_name(), "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(), "launcher": launcher,
+            "env": {key: os.environ[key] for key in NUMERIC_ENV if key in os.environ}}
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any], start_time: str,
@@ -53,6 +74,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
         "metrics": metrics or {},
         **({"rollbacks": rollbacks} if rollbacks else {}),
         "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "WANDB_MODE") if k in os.environ},
+        "numerics": numerics(),
     }
     path = run_dir / run_folder.MANIFEST
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Two finished runs of one recipe, compared: did the second reproduce the first, and where not, what differed
 between them. Reproduced means the same final weights (every tensor, bit for bit) and the same training metrics;
 what can explain a difference is read from both ``run.json`` files: package versions, data fingerprints, the seed,
-the device, the CPU threads, the number of processes. ``hf-tune reproduce`` (``commands/reproduce.py``) makes the
+the device, the CPU threads, the number of processes, the git commit, the CPU model, the launcher, the math
+libraries' environment, the run's decisions; where none differs, the report names what ``run.json`` cannot see. ``hf-tune reproduce`` (``commands/reproduce.py``) makes the
 second run from the first one's folder alone."""
 
 from __future__ import annotations
@@ -38,8 +39,15 @@ class Comparison:
             differences = getattr(self, what)
             lines += [f"  {what}: {self.summary[what]}"] if not differences else \
                 [f"  {what}: differ"] + [f"    {line}" for line in differences]
-        lines += ["  what differed between the runs: nothing of " + self.summary["causes"]] if not self.causes else \
-            ["  what differed between the runs:"] + [f"    {line}" for line in self.causes]
+        if self.causes:
+            lines += ["  what differed between the runs:"] + [f"    {line}" for line in self.causes]
+        elif self.reproduced:
+            lines += ["  what differed between the runs: nothing of " + self.summary["causes"]]
+        else:  # never "nothing" for a run that did not reproduce: name what run.json cannot see
+            lines += ["  what differed between the runs: nothing that run.json records (" + self.summary["causes"]
+                      + "); what it cannot record: a kernel that is not deterministic (torch's deterministic "
+                      "algorithms were off), a file changed in place that the data fingerprints do not read (a "
+                      "model's weights at a local path), or a library that drew from the run's random numbers"]
         lines.append("reproduced: yes" if self.reproduced else "reproduced: no")
         return "\n".join(lines)
 
@@ -142,8 +150,24 @@ def _causes(first: dict, second: dict) -> tuple[list[str], str]:
         lines.append(f"training.seed: {seed_a} against {seed_b}")
     lines += [f"{key}: {first.get(key)} against {second.get(key)}" for key in CONDITIONS
               if first.get(key) != second.get(key)]
+    commits = [(m.get("git") or {}).get("commit") for m in (first, second)]
+    if commits[0] != commits[1]:
+        lines.append(f"hf_tune's git commit: {commits[0]} against {commits[1]}")
+    numbers_a, numbers_b = first.get("numerics") or {}, second.get("numerics") or {}
+    for key in sorted(set(numbers_a) | set(numbers_b)):
+        if key == "env":
+            env_a, env_b = numbers_a.get("env") or {}, numbers_b.get("env") or {}
+            lines += [f"environment {name}: {env_a.get(name, 'unset')} against {env_b.get(name, 'unset')}"
+                      for name in sorted(set(env_a) | set(env_b)) if env_a.get(name) != env_b.get(name)]
+        elif numbers_a.get(key) != numbers_b.get(key):
+            lines.append(f"{key.replace('_', ' ')}: {numbers_a.get(key)} against {numbers_b.get(key)}")
+    decided_a, decided_b = first.get("decisions") or {}, second.get("decisions") or {}
+    lines += [f"decision {key}: {decided_a.get(key)} against {decided_b.get(key)}"
+              for key in sorted(set(decided_a) | set(decided_b)) if key != "memory"
+              and decided_a.get(key) != decided_b.get(key)]
     checked = (f"{len(packages_a)} package versions, {len(data_a)} data fingerprint(s), seed {seed_a}, "
                f"{first.get('device')}, {first.get('cpu_threads')} CPU thread(s), {first.get('world_size')} "
-               "process(es)")
+               f"process(es), the git commit, the CPU model, the launcher, {len(numbers_a.get('env') or {})} math "
+               f"library variable(s), the run's decisions")
     return lines, checked
 

@@ -21,6 +21,7 @@ from hf_tune.catalog.methods import method_of
 from hf_tune.model.chunked_head import hidden_state_inputs
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
+from hf_tune.trainer.generators import generators_kept
 from hf_tune.trainer.monitors import Monitors, monitors_of
 from hf_tune.trainer.reference import ReferenceLogpsCache
 
@@ -118,6 +119,14 @@ class HfTuneMixin:
         if loss_guard is not None and model.training:  # recorded on the device, checked at the next log / save
             loss_guard.add(result[0] if return_outputs else result, self.state.global_step + 1)
         return result
+
+    @override
+    def evaluate(self, *args, **kwargs):
+        """Upstream's evaluation, with the run's random-number generators kept (``trainer/generators.py``): its data
+        loader's iterator, generation samples, downstream tasks (lm-eval seeds every global generator) and the
+        callbacks it calls draw from them, so a run evaluated every few steps trains exactly as one that is not."""
+        with generators_kept():
+            return super().evaluate(*args, **kwargs)
 
     @override
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,

@@ -5,16 +5,14 @@ dense matmul peak measured once per CPU model or GPU and cached (``measured_peak
 from __future__ import annotations
 
 import json
-import platform
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import torch
 
+from hf_tune.runtime.machine import cpu_name
 from hf_tune.model.embedded import cache_dir
 
 
@@ -139,8 +137,10 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         cache = {}
     if key not in cache:
         n = 4096 if device.type == "cuda" else 1024
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
+        # its own generator: the run's seeded one stays the training's (a draw here moved every later dropout mask)
+        generator = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
         best, deadline = 0.0, time.perf_counter() + 3
         for rounds in range(20):  # the best of many: on a shared host one timing can be far slower than the next
             if rounds >= 5 and time.perf_counter() > deadline:  # a slow dtype (bf16 without AMX): 5 rounds will do
@@ -155,24 +155,6 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         peak_cache.parent.mkdir(parents=True, exist_ok=True)
         peak_cache.write_text(json.dumps(cache, indent=1))
     return cache[key]
-
-
-def cpu_name() -> str:
-    """The CPU's model name: a home folder shared by different machines must not share one cached peak."""
-    if sys.platform == "darwin":
-        try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=5).stdout.strip() or platform.machine()
-        except (OSError, subprocess.SubprocessError):
-            return platform.machine()
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
-    except OSError:
-        fields = {}
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    arm = " ".join(fields[k] for k in ("CPU implementer", "CPU part") if k in fields)  # Arm cores name no model
-    return (fields.get("model name") or fields.get("Hardware") or (f"{platform.machine()} {arm}" if arm else "")
-            or platform.processor() or platform.machine() or "cpu")
 
 
 def _sync(device: torch.device) -> None:

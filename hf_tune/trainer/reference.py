@@ -24,6 +24,7 @@ from datasets import Dataset, concatenate_datasets
 
 from hf_tune.errors import RecipeError
 from hf_tune.model.embedded import cache_dir
+from hf_tune.trainer.generators import generators_kept
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ class ReferenceLogpsCache:
             logger.info("Reference log-probabilities of the %s data: reused from %s", name, path or "the main process")
             self.reference_cache_hits = getattr(self, "reference_cache_hits", 0) + 1
             return concatenate_datasets([dataset, Dataset(cached[0])], axis=1)
-        result = super()._precompute_ref_logps(dataset, name, batch_size)
+        with generators_kept():  # its data loader draws a seed: a miss must leave the run's generators as a hit does
+            result = super()._precompute_ref_logps(dataset, name, batch_size)
         if main:
             added = [c for c in result.column_names if c not in dataset.column_names]
             _write_atomically(path, lambda partial: result.select_columns(added).to_parquet(str(partial)))
