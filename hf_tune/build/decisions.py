@@ -66,7 +66,8 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
     hf_tune ships, when not given); ``model_class``: the class the run builds (found from the config when not given);
     no weight and no tokenizer is read. With ``fit``, the decisions are fitted to ``budget`` (the machine's memory,
     ``memory_budget``, when not given; ``build/memory_fit.py``): ``model`` is the recipe's model on the meta device
-    (built from the config when not given), ``world`` the ranks to plan for (the launch's when not given),
+    (built from the config when not given), ``world`` the ranks to plan for (when not given: the launch's where it
+    is distributed, else ``machine.world_size``),
     ``padding_ratio`` the packs' padding (``pack_padding_ratio``)."""
     task, method = task_of(recipe.model.task), method_of(recipe.method)
     config = config if config is not None else load_model_config(recipe)
@@ -103,7 +104,9 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
 
         model = build_meta_model(recipe)
     budget = budget or memory_budget(recipe, args)
-    return fit_memory(recipe, args, decided, model, world or args.world_size, budget, padding_ratio)
+    if world is None:  # the launch, where it is distributed; else the machine the recipe was written for (validate)
+        world = args.world_size if args.world_size > 1 else recipe.machine.world_size if recipe.machine else 1
+    return fit_memory(recipe, args, decided, model, world, budget, padding_ratio)
 
 
 def compute_dtype(recipe: Recipe, mixed: str | None, weights: str) -> str:
