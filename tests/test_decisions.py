@@ -149,7 +149,7 @@ LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 110)  # about 
 
 def long_data(path: Path, kind: str) -> Path:
     rows = []
-    for i in range(16):
+    for i in range(8):  # one optimizer step of upstream's batch of 8
         prompt = [{"role": "user", "content": f"Tell me story {i}."}]
         if kind == "chat":
             rows.append({"messages": [*prompt, {"role": "assistant", "content": LONG}]})

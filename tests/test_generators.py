@@ -93,8 +93,8 @@ def test_no_monitor_probe_or_measurement_draws_from_the_run_s_generators(tiny_ll
 
 @pytest.mark.slow
 def test_the_demo_on_an_empty_cache_is_reproduced_bit_for_bit(tmp_path, smol_dir):
-    """As `make demo` runs it (accelerate launch, the shipped recipe, shortened), on a cache that holds only the
-    converted model (no measured peak FLOP/s, no reference log-probabilities), then `hf-tune reproduce`."""
+    """As `make demo` runs it (accelerate launch, the shipped recipe, shortened to 3 steps, evaluated after each), on
+    a cache that holds only the converted model (no measured peak FLOP/s), then `hf-tune reproduce`."""
     cache = tmp_path / "cache"
     (cache / "models").mkdir(parents=True)
     (cache / "models" / Path(smol_dir).name).symlink_to(smol_dir)
@@ -102,11 +102,11 @@ def test_the_demo_on_an_empty_cache_is_reproduced_bit_for_bit(tmp_path, smol_dir
     run = tmp_path / "llm_lora"
     first = launch.run("accelerate", "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
                "--dynamo_backend", "no", "-m", "hf_tune.run", str(REPO / "recipes" / "llm_lora.yaml"),
-               f"training.output_dir={run}", "training.max_steps=4", "training.eval_steps=2",
-               "training.save_steps=2", "training.logging_steps=1", env=env, cwd=REPO)
+               f"training.output_dir={run}", "training.max_steps=3", "training.eval_steps=1",
+               "training.save_steps=3", "training.logging_steps=1", env=env, cwd=REPO)
     assert first.returncode == 0, first.stderr[-3000:]
     assert (cache / "peak_flops.json").is_file()  # measured during that first run
     report = launch.run("hf-tune", "reproduce", str(run), env=env, cwd=REPO).stdout
     assert report.rstrip().endswith("reproduced: yes"), report
-    assert "weights: identical" in report and "identical at all 4 logged steps" in report
+    assert "weights: identical" in report and "identical at all 3 logged steps" in report
     shutil.rmtree(tmp_path / "llm_lora-reproduced", ignore_errors=True)

@@ -99,11 +99,17 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
         save_on_signal=saves_on_signal(recipe), router_aux_loss_coef=router_loss_coefficient(recipe, config))
     if not fit:
         return decided
-    if model is None:
+    budget = budget or memory_budget(recipe, args)
+    if model is None and task.reads_text:
         from hf_tune.model.meta import build_meta_model
 
-        model = build_meta_model(recipe)
-    budget = budget or memory_budget(recipe, args)
+        try:
+            model = build_meta_model(recipe)
+        except Exception as error:  # the real build names it (a LoRA target the model lacks: wrap_lora's message)
+            memory = {"budget_bytes": budget.usable, "budget": budget.describe(), "changed": [], "fits": True,
+                      "keys_in_the_way": [], "checked": f"not estimated: the model did not build on the meta device "
+                      f"({type(error).__name__})"}
+            return dataclasses.replace(decided, memory=memory)
     if world is None:  # the launch, where it is distributed; else the machine the recipe was written for (validate)
         world = args.world_size if args.world_size > 1 else recipe.machine.world_size if recipe.machine else 1
     return fit_memory(recipe, args, decided, model, world, budget, padding_ratio)

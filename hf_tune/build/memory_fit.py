@@ -77,8 +77,10 @@ def host_memory() -> tuple[int, str]:
 def pack_padding_ratio(train) -> float | None:
     """The most a row's examples, padded to its longest, hold over its tokens (``sdpa_varlen``'s padded gathers; 1:
     examples of one length), for tokenized data (None otherwise, and for a stream, which is not read ahead)."""
-    if train is None or not hasattr(train, "column_names") or "input_ids" not in train.column_names or not len(train):
-        return None
+    from datasets import Dataset
+
+    if not isinstance(train, Dataset) or "input_ids" not in train.column_names or not len(train):
+        return None  # a stream (not read ahead), or data TRL tokenizes itself
     ids = train["input_ids"]
     packed = isinstance(ids[0], list) and len(ids[0]) and isinstance(ids[0][0], list)
     packs = ids if packed else [[example] for example in ids]
@@ -210,7 +212,7 @@ def fit_memory(recipe: Recipe, args, decisions, model, world: int, budget: Budge
     budget, what was changed and why, whether it fits, and the recipe keys that keep it from fitting."""
     record = {"budget_bytes": budget.usable, "budget": budget.describe(), "changed": [], "fits": True,
               "keys_in_the_way": []}
-    if not task_of(recipe.model.task).reads_text or decisions.micro_batch_tokens == 0:
+    if model is None or not task_of(recipe.model.task).reads_text or decisions.micro_batch_tokens == 0:
         record["checked"] = "not estimated: the activations of this task are not estimated"
         return dataclasses.replace(decisions, memory=record)
     if upper_bound(recipe, decisions, model, world, budget) <= budget.usable:
