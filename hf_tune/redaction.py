@@ -24,23 +24,29 @@ SECRET_FIX = ("keep tokens out of recipes: export HF_TOKEN=... or run `hf auth l
               "`wandb login`); the Hub client and the trackers read them from there")
 
 
-def refuse_secrets(raw: Any, path: str = "") -> None:
+def refuse_secrets(raw: Any, path: str = "", keys: bool = True) -> None:
     """A recipe holds no secret: it is saved in the run folder and uploaded, and Trainer pickles its arguments
     (``training_args.bin``, in every checkpoint). Any secret-named key with a value, or a token-shaped string, is an
-    error."""
+    error. ``keys=False``: token-shaped values only (checked before the keys are, so that a mistyped key with "token"
+    in its name is reported as the typo it is; the keys are checked once known)."""
     if isinstance(raw, dict):
         names_only = bool(NAME_MAPS.search(path.rsplit(".", 1)[-1]))
         for key, value in raw.items():
             dotted = f"{path}.{key}" if path else str(key)
-            if not names_only and SECRET_KEY.search(str(key)) and value not in (None, "", False):
+            if keys and not names_only and is_secret_key(str(key)) and value not in (None, "", False):
                 raise RecipeError(dotted, "holds a secret, which would be written into recipe.yaml, run.json and "
                                   "every checkpoint's training_args.bin", fix=SECRET_FIX)
-            refuse_secrets(value, dotted)
+            refuse_secrets(value, dotted, keys)
     elif isinstance(raw, (list, tuple)):
         for i, value in enumerate(raw):
-            refuse_secrets(value, f"{path}[{i}]")
+            refuse_secrets(value, f"{path}[{i}]", keys)
     elif isinstance(raw, str) and TOKEN_VALUE.search(raw):
         raise RecipeError(path, "holds a token-shaped value (hf_... or sk-...)", fix=SECRET_FIX)
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a key's name says it holds a secret (token, password, api key, ...)."""
+    return bool(SECRET_KEY.search(name))
 
 
 def url_has_credentials(url: str) -> bool:

@@ -129,6 +129,25 @@ def test_a_secret_in_a_recipe_is_refused_with_the_environment_as_the_fix():
         assert info.value.key == key and "HF_TOKEN" in info.value.fix and "SECRET" not in str(info.value)
 
 
+def test_a_mistyped_key_with_token_in_its_name_is_reported_as_the_typo_it_is():
+    with pytest.raises(RecipeError) as info:
+        load_recipe(GOOD, ["data.batch_token=1024"])  # data.batch_tokens, one letter short
+    assert info.value.key == "data.batch_token" and info.value.problem == "unknown key"
+    assert "batch_tokens" in info.value.fix and "secret" not in str(info.value)
+    with pytest.raises(RecipeError) as info:  # a secret-named key of the right section is still a secret
+        load_recipe(GOOD, ["training.hub_token=my-password"])
+    assert info.value.key == "training.hub_token" and "my-password" not in str(info.value)
+
+
+def test_a_bare_path_is_a_source_as_trl_and_llamafactory_users_write_one():
+    chats, persona = DATA / "chat_demo.jsonl", DATA / "persona_demo.jsonl"
+    one = load_recipe(GOOD, [f"data.train={chats}"])
+    assert one.data.train.path == str(chats) and one.data.train.split == "train"
+    mixed = load_recipe(GOOD, [f"data.train=[{chats}, {persona}]", f"data.eval={persona}", "data.eval_split=null"])
+    assert [source.path for source in mixed.data.train] == [str(chats), str(persona)]
+    assert mixed.data.eval.path == str(persona)
+
+
 def test_names_that_only_look_like_tokens_or_secret_keys_are_not_refused():
     recipe = load_recipe(GOOD, ["training.output_dir=runs/hf_finetuning", "data.train.path=" + str(DATA / "chat_demo.jsonl"),
                                 "lora.rank_pattern={key: 16}"])  # BERT's attention has a module named "key"

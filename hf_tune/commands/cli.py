@@ -16,6 +16,7 @@ from hf_tune.catalog.trackers import tracker_files
 from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_terminal, recipe_arguments, user_errors
 from hf_tune.commands.option_types import gpu_memory_gb, number, whole
 from hf_tune.redaction import redact_secrets
+from hf_tune.runtime.output_paths import Output, check_output, starts_with
 
 
 def _validate(args) -> None:
@@ -227,12 +228,30 @@ def option(*flags: str, **settings) -> tuple[tuple[str, ...], dict]:
 
 @dataclasses.dataclass(frozen=True)
 class Verb:
-    """One ``hf-tune`` sub-command: what it runs, its help line, whether it reads RECIPE [overrides], its options."""
+    """One ``hf-tune`` sub-command: what it runs, its help line, whether it reads RECIPE [overrides], its options,
+    and what its ``--out`` is (checked before the verb does any work: ``runtime/output_paths.py``)."""
 
     run: Callable[[argparse.Namespace], None]
     help: str
     reads_recipe: bool = False
     options: tuple[tuple[tuple[str, ...], dict], ...] = ()
+    output: Output | None = None
+
+
+def _written_by_init(path: Path, arguments=None) -> bool:
+    """A recipe ``hf-tune init`` wrote (its first line says so): init may write it again."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return "written by `hf-tune init`" in handle.readline()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _answers_of_this_input(path: Path, arguments) -> bool:
+    """``generate``'s answers to this very input (whole or begun): a rerun continues or confirms them."""
+    from hf_tune.commands.generate import answers_input
+
+    return answers_input(path, arguments.input)
 
 
 RUN_DIR = option("run_dir")
@@ -250,7 +269,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "validate": Verb(_validate, "check a recipe and print it fully resolved", True),
     "plan": Verb(_plan, "batch sizes, steps, optimizer groups and lr_schedule.png, without training", True, (
         option("--world-size", type=whole(1), default=None, help="plan for N processes (default: this launch's)"),
-        option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)"))),
+        option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")),
+        output=Output("folder")),
     "data": Verb(_data, "the first training examples as the model reads them, trained tokens marked; tokens per "
                  "example and per step, examples per pack, the share the loss ignores", True, (
         option("--n", type=whole(1), default=3, help="examples to show (default 3)"),
@@ -258,7 +278,7 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "profile": Verb(_profile, "a short run of the profile section's steps under torch.profiler: trace, top operators, "
                     "step-time shares", True, (
         option("--out", default=None, help="folder of the profiled run (default: training.output_dir + -profile; the "
-               "real run folder is not touched)"),)),
+               "real run folder is not touched)"),), output=Output("folder")),
     "cv": Verb(_cv, "stratified k-fold cross-validation of a classification recipe", True,
                (option("--folds", type=whole(2), default=5),)),
     "search": Verb(_search, "hyperparameter search from the recipe's search section (Optuna or Ray Tune)", True, (
@@ -275,7 +295,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--max-length", type=whole(1), default=4096, help="longest example in tokens (data.max_length)"),
         option("--data", default=None, help="chat data (JSONL of messages) for data.train.path (default: the "
                "placeholder data/train.jsonl, which the recipe says to fill)"),
-        option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml)"))),
+        option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml; a file init did not write "
+               "is never overwritten)")), output=Output("file", ours=_written_by_init, inputs=("data",))),
     "report": Verb(_report, "plot a run's loss, learning rates and eval metrics into PNG files", options=(RUN_DIR,)),
     "eval": Verb(_eval, "lm-eval scores of a run, one checkpoint, or (--watch) each new complete checkpoint of a run "
                  "in progress, into RUN_DIR/eval_scores.jsonl", options=(
@@ -296,25 +317,26 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
                "dequantized to it); the merge streams the base's safetensors shard by shard"),
         option("--check", action="store_true", help="compare merged logits with base + adapter (one model in memory "
-               "at a time)"))),
+               "at a time)")), output=Output("folder", inputs=("run_dir",))),
     "export": Verb(_export, "write a run as one GGUF file (llama.cpp, LM Studio) or GGUF + Modelfile (Ollama); a LoRA "
                    "run is merged by shard first", options=(
         RUN_DIR, option("--format", default="gguf", choices=["gguf", "ollama"]),
         option("--quant", default="f16", choices=["f16", "bf16", "q8_0"], help="the 2-D weights' type (norms and "
                "biases stay float32; default f16)"),
         option("--out", default=None, help="the .gguf file (default: RUN_DIR/gguf/model-QUANT.gguf; the Modelfile "
-               "goes beside it)"))),
+               "goes beside it)")), output=Output("file", ours=starts_with(b"GGUF"), inputs=("run_dir",))),
     "reproduce": Verb(_reproduce, "train a finished run again from its folder alone and say whether its weights and "
                       "metrics match, naming what differs (exit 1 when they do not)", options=(
         RUN_DIR, option("--out", default=None, help="the rerun's folder (default: RUN_DIR-reproduced)"),
         option("--against", default=None, metavar="RUN_DIR2", help="compare with this finished run instead of "
-               "training one (a rerun launched on several processes)"))),
+               "training one (a rerun launched on several processes)")), output=Output("folder", inputs=("run_dir", "against"))),
     "generate": Verb(_generate, "answer a JSONL file of prompts in batches (greedy by default: chat's answers)",
                      options=(
         RUN_DIR, option("--input", required=True, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line"),
         option("--out", required=True, help="JSONL: each input line plus \"answer\" (a rerun continues an "
-               "interrupted one)"),
-        option("--batch-size", type=whole(1), default=8), *GENERATION, DEVICE, DTYPE)),
+               "interrupted one of the same input; a file of other answers is never overwritten)"),
+        option("--batch-size", type=whole(1), default=8), *GENERATION, DEVICE, DTYPE),
+        output=Output("file", ours=_answers_of_this_input, inputs=("input", "run_dir"))),
     "serve": Verb(_serve, "an OpenAI-compatible server of a run (vLLM with the adapter where installed on a GPU, "
                   "else transformers serve on the merged model)", options=(
         RUN_DIR, option("--host", default="127.0.0.1"), option("--port", type=whole(1, 65535), default=8000),
@@ -332,7 +354,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
                f"({', '.join(f'{folder}/' for folder in tracker_files('logs'))})"))),
     "compare": Verb(_compare, "table of runs' differing recipe keys and results; their curves in one PNG", options=(
         option("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)"),
-        option("--out", default="compare.png", help="the PNG of overlaid loss and eval curves"))),
+        option("--out", default="compare.png", help="the PNG of overlaid loss and eval curves")),
+        output=Output("file", ours=starts_with(b"\x89PNG"))),
     "register": Verb(_register, "log a run's model to the MLflow registry as a new version of NAME", options=(
         RUN_DIR, option("--name", required=True, help="the registered model's name"),
         option("--alias", default=None, help="point this alias (e.g. staging) at the new version"),
@@ -359,7 +382,7 @@ def parser() -> argparse.ArgumentParser:
             v.add_argument(*flags, **settings)
         # `hf-tune validate R --debug` as well as `hf-tune --debug validate R`
         v.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
-        v.set_defaults(func=verb.run)
+        v.set_defaults(func=verb.run, output=verb.output)
     return p
 
 
@@ -367,6 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     plain_progress_off_a_terminal()  # the verbs load their libraries inside, after this
     args = parser().parse_args(argv)
     with user_errors(args.debug):
+        if args.output is not None and getattr(args, "out", None) is not None:  # before any work, for every verb
+            check_output(args.out, args.output, [getattr(args, name, None) for name in args.output.inputs], args)
         args.func(args)
 
 

@@ -3,7 +3,9 @@
 Each input line holds ``messages`` (a conversation, answered as its next assistant turn) or ``prompt`` (one user
 turn). Answers are greedy unless a temperature is given, so they equal ``hf-tune chat``'s. Prompts are left-padded
 into batches; every answered line is flushed to ``OUT.partial`` at once and a rerun continues after the last one, so
-a crash loses at most one batch. The file is renamed to ``OUT`` once every prompt is answered.
+a crash loses at most one batch. The file is renamed to ``OUT`` once every prompt is answered. Only the same job is
+continued: ``OUT`` may not be the input, and an existing ``OUT`` that is not this input's answers (another job's, a
+user's file) is refused before anything is read or written.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 
 from hf_tune.errors import HfTuneError
+from hf_tune.runtime.output_paths import Output, check_output
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -80,8 +83,10 @@ def generate_file(run_dir: str | Path, input: str | Path, out: str | Path, batch
     from hf_tune.commands.chat import load_trained
 
     rows = read_prompts(input)
-    out = Path(out)
+    out = check_output(out, Output("file", ours=lambda path, _: answers_input(path, input)), [input, run_dir])
     partial = out.with_name(out.name + ".partial")
+    if out.is_file():  # this input's answers, complete: nothing to do, and the file is left as it is
+        return {"out": str(out), "answers": len(rows), "resumed_after": len(rows)}
     done = _answered(partial, rows)
     model, tokenizer = load_trained(run_dir, device=device, dtype=dtype)
     if seed is not None:
@@ -100,6 +105,20 @@ def generate_file(run_dir: str | Path, input: str | Path, out: str | Path, batch
             bar.update(len(batch))
     os.replace(partial, out)
     return {"out": str(out), "answers": len(rows), "resumed_after": done}
+
+
+def answers_input(path: str | Path, input: str | Path) -> bool:
+    """Whether ``path`` holds this input's answers, every prompt answered in order (what a finished ``generate``
+    of it wrote): only then may a rerun leave it be. Another job's answers, or any other file, are not."""
+    try:
+        rows = read_prompts(input)
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        answered = [json.loads(line) for line in lines if line.strip()]
+    except (HfTuneError, OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return len(answered) == len(rows) and all(
+        isinstance(line, dict) and "answer" in line and {k: v for k, v in line.items() if k != "answer"} == row
+        for line, row in zip(answered, rows))
 
 
 def _answered(partial: Path, rows: list[dict]) -> int:

@@ -114,6 +114,13 @@ class DatasetSource(_Section):
     epochs: PositiveFloat | None = Field(
         default=None, description="data.train: passes over this source (0.5: a seeded half, 2: each example twice)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_bare_path(cls, value: Any) -> Any:
+        """A string is a source's ``path``: ``data.train=my.jsonl`` as TRL's and LLaMA-Factory's users write a dataset
+        (a list of strings, a mixture of them)."""
+        return {"path": value} if isinstance(value, str) else value
+
 
 class DataSection(_Section):
     """Where the examples come from and how they become tokens."""

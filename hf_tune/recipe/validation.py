@@ -20,7 +20,7 @@ from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, Hub
                                    MachineSection, ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
-from hf_tune.redaction import refuse_secrets
+from hf_tune.redaction import is_secret_key, refuse_secrets
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 
 # Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
@@ -28,7 +28,7 @@ _LORA_RESERVED = {"task_type": "it follows model.task; remove lora.task_type"}
 
 
 def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
-    refuse_secrets(raw)
+    refuse_secrets(raw, keys=False)  # token-shaped values first: no later message may echo one
     for section in raw:
         if section not in SECTIONS:
             raise RecipeError(str(section), f"unknown section; a recipe has {', '.join(SECTIONS)}", fix=did_you_mean(str(section), SECTIONS))
@@ -61,6 +61,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     check_training_values(training)
     if not training.get("output_dir"):
         training["output_dir"] = str(Path("runs") / (source.stem if source else "run"))
+    refuse_secrets(raw)  # secret-named keys, once every key is known: a mistyped key is reported as a typo first
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
                     hub=hub, search=search, tracking=tracking, profile=profile, resilience=resilience, machine=machine,
                     method=method.name, rewards=list(raw.get("rewards") or []), teacher=teacher, source=source)
@@ -160,7 +161,8 @@ def _describe(cls: type[BaseModel], section: str, error: dict[str, Any]) -> Reci
         return RecipeError(path, "required key is missing")
     if not loc:  # a check across keys of the section
         return RecipeError(section, error["msg"].removeprefix("Value error, "))
-    return RecipeError(path, f"{error['msg']} (got {error.get('input')!r})")
+    shown = "a value not shown: the key names a secret" if is_secret_key(loc[-1]) else repr(error.get("input"))
+    return RecipeError(path, f"{error['msg']} (got {shown})")
 
 
 def _fields_at(cls: type[BaseModel], loc: list[str]) -> list[str]:
