@@ -66,6 +66,10 @@ def test_a_mirror_url_with_credentials_is_refused_without_echoing_them(tmp_path,
     with pytest.raises(RecipeError, match="^resilience.rollback_on_nonfinite: is not supported under DeepSpeed"):
         load_recipe(raw)
     del raw["training"]["deepspeed"]
+    with pytest.raises(RecipeError, match="^resilience.rollback_on_nonfinite: rolls back to the last complete "
+                       "checkpoint, and training.save_strategy 'no' keeps none"):
+        load_recipe(raw)  # chat_recipe saves no checkpoint
+    raw["training"].update(save_strategy="steps", save_steps=2)
     assert load_recipe(raw).to_dict()["resilience"] == {"rollback_on_nonfinite": 1}
     raw.pop("resilience")
     assert "resilience" not in load_recipe(raw).to_dict()  # recipe.yaml keeps the section only when it is used

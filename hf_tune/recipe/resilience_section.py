@@ -62,3 +62,8 @@ def check_resilience(recipe) -> None:
                           "inside the backward pass that a skipped step leaves out)",
                           fix="leave resilience.rollback_on_nonfinite at 0 with training.deepspeed (DDP and a "
                               "single process support it)")
+    if section.rollback_on_nonfinite and str(recipe.training.get("save_strategy", "steps")).lower() in ("no", "none"):
+        raise RecipeError("resilience.rollback_on_nonfinite", "rolls back to the last complete checkpoint, and "
+                          "training.save_strategy 'no' keeps none to roll back to",
+                          fix="save checkpoints (training.save_strategy: steps, with training.save_steps), or leave "
+                              "resilience.rollback_on_nonfinite out")
