@@ -33,6 +33,10 @@ CASES = [  # argv, the message's key part
     (["serve", "runs/x", "--port", "70000"], "argument --port: must be from 1 to 65535, got 70000"),
     (["export", "runs/x", "--quant", "q4_k"], "argument --quant: invalid choice: 'q4_k'"),
     (["reproduce", "runs/x", "--out", "a", "--against", "b"], "--out and --against: give one"),
+    (["serve", "runs/x", "--device", "cuda:99"], "argument --device: cuda:99: this machine has"),
+    (["generate", "runs/x", "--input", "p.jsonl", "--out", "a.jsonl", "--device", "gpu"],
+     "argument --device: 'gpu' is not a torch device"),
+    (["chat", "runs/x", "--device", "cuda:99"], "argument --device: cuda:99: this machine has"),
 ]
 
 

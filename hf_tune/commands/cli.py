@@ -14,7 +14,7 @@ import yaml
 
 from hf_tune.catalog.trackers import tracker_files
 from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_terminal, recipe_arguments, user_errors
-from hf_tune.commands.option_types import gpu_memory_gb, number, whole
+from hf_tune.commands.option_types import device_here, gpu_memory_gb, number, whole
 from hf_tune.redaction import redact_secrets
 from hf_tune.runtime.output_paths import Output, check_output, starts_with
 
@@ -255,7 +255,7 @@ def _answers_of_this_input(path: Path, arguments) -> bool:
 
 
 RUN_DIR = option("run_dir")
-DEVICE = option("--device", default=None, help="default: cuda if available, else mps, else cpu")
+DEVICE = option("--device", type=device_here, default=None, help="default: cuda if available, else mps, else cpu")
 DTYPE = option("--dtype", default=None, choices=("auto", "bfloat16", "float16", "float32"),
                help="default: bfloat16 on a GPU that supports it, else float32; auto: the checkpoint's dtype")
 GENERATION = (  # chat's and generate's
@@ -311,7 +311,7 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--num-fewshot", type=whole(0), default=None), option("--batch-size", type=whole(1), default=None),
         option("--apply-chat-template", action="store_true", default=None,
                help="ask each prompt as a user turn through the chat template (lm-eval's apply_chat_template)"),
-        option("--device", default=None), option("--dtype", default=None))),
+        option("--device", type=device_here, default=None), option("--dtype", default=None))),
     "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
         RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),
         option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "

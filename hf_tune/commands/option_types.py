@@ -50,3 +50,24 @@ def gpu_memory_gb(text: str) -> float:
 
 
 __all__ = ["gpu_memory_gb", "number", "whole"]
+
+
+def device_here(text: str) -> str:
+    """A torch device this machine has: ``cpu``, ``cuda`` / ``cuda:N`` where CUDA sees that card, ``mps`` where
+    Metal is there. Checked before a model loads or a server starts (a server on a missing device started, then
+    failed at its first request)."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (cpu, cuda, cuda:0, mps)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device torch can use (fix: leave --device "
+                                         "out to use what there is, or --device cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                                         f"numbered from 0")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: Metal (mps) is not available here (fix: --device cpu)")
+    return text
