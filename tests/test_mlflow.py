@@ -232,3 +232,15 @@ def test_every_flattened_key_is_one_mlflow_takes(mlflow_server):
     run = client.create_run("0")
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in flat.items()])  # MLflow's own name rules
     assert client.get_run(run.info.run_id).data.params == flat
+
+
+def test_promote_on_a_mistyped_store_path_is_refused_and_creates_no_store(tmp_path, capsys):
+    from hf_tune.commands.cli import main
+
+    store = tmp_path / "run" / "mlruns" / "mlfow.db"  # a typo of mlflow.db
+    (tmp_path / "run" / "mlruns").mkdir(parents=True)
+    with pytest.raises(SystemExit) as refused:
+        main(["promote", "tiny", "1", "--alias", "production", "--tracking-uri", f"sqlite:///{store}"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"{store} does not exist" in err and "fix:" in err
+    assert not store.exists() and not list((tmp_path / "run" / "mlruns").iterdir())  # no empty store made beside

@@ -32,6 +32,23 @@ def registry_uri(run_dir: str | Path | None = None, tracking_uri: str | None = N
     return run_folder_mlflow_uri(Path(run_dir))
 
 
+def refuse_a_missing_store(uri: str) -> None:
+    """A local store (``sqlite:///FILE``, a folder or ``file://`` path) that does not exist is a mistyped path:
+    MLflow would create an empty store there, and ``promote`` reads a registry, it never starts one."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db
+        local = Path(uri.removeprefix("sqlite:///"))
+    elif parsed.scheme in ("", "file"):
+        local = Path(parsed.path if parsed.scheme == "file" else uri)
+    else:
+        return  # a server: it answers for itself
+    if not local.exists():
+        raise HfTuneError(f"--tracking-uri {uri}: {local} does not exist, so it holds no registered model\n  fix: "
+                          "name the store `hf-tune register` wrote to (a run folder's is RUN_DIR/mlruns/mlflow.db)")
+
+
 @contextlib.contextmanager
 def _using(uri: str):
     """MLflow's tracking URI for the calls inside; the process's own one afterwards. Unset, not set again: a URI
@@ -98,7 +115,9 @@ def promote(name: str, version: str | int, alias: str, tracking_uri: str | None 
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(registry_uri(None, tracking_uri))
+    uri = registry_uri(None, tracking_uri)
+    refuse_a_missing_store(uri)
+    client = MlflowClient(uri)
     try:
         client.get_model_version(name, str(version))
     except MlflowException as err:
