@@ -323,3 +323,16 @@ def test_tool_call_parts_with_a_template_that_drops_tools_are_refused(smol_token
     raw = load_source(DatasetSource(path=str(path)), "data.train", "chat")
     with pytest.raises(HfTuneError, match=r"data.chat_template: the data has tool calls but the chat template drops"):
         tokenize_dataset(raw, smol_tokenizer, DataSection(train={"path": str(path)}), "data.train")
+
+
+def test_a_tools_json_string_keeps_its_nulls_and_a_list_column_loses_arrow_s_filler():
+    from hf_tune.data.messages import example_tools
+
+    schema = {"name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": None}}
+    written = example_tools({"tools": json.dumps([schema])}, None)  # LLaMA-Factory's reason_tool_use layout
+    assert written == [{"type": "function", "function": schema}]  # as the data says, "required": null included
+    filled = {**schema, "strict": None}  # a key Arrow adds as null where another row has it
+    assert example_tools({"tools": [filled]}, None)[0]["function"] == {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

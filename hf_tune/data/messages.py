@@ -166,15 +166,18 @@ def sharegpt_messages(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def example_tools(example: dict[str, Any], default: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """The tool schemas offered in this example: its ``tools`` column (a list, or a JSON string as LLaMA-Factory writes
     it), else ``data.tools``; bare ``{name, description, parameters}`` schemas are wrapped as
-    ``{type: function, function: ...}``, the shape transformers' chat templates document. None when there are none."""
+    ``{type: function, function: ...}``, the shape transformers' chat templates document. None when there are none.
+    Null-valued keys are dropped from a list column (Arrow's filler for a key another row has) and kept from a JSON
+    string, which renders as written (LLaMA-Factory's ``"required": null``)."""
     tools = example.get(TOOLS_COLUMN)
-    if isinstance(tools, str):
+    written = isinstance(tools, str)  # JSON text has no filler for absent keys: its nulls are the data's own
+    if written:
         tools = _parse_json(tools, "the 'tools' column") if tools.strip() else None
     if not tools:
-        tools = default
+        tools, written = default, False
     if not tools:
         return None
-    return [wrap_tool(without_nulls(tool)) for tool in tools]
+    return [wrap_tool(tool if written else without_nulls(tool)) for tool in tools]
 
 
 def wrap_tool(tool: dict[str, Any]) -> dict[str, Any]:
