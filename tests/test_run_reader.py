@@ -58,6 +58,12 @@ CASES = {  # case -> (how the copy is broken, argv after the run folder's verb, 
                                   ["push", "--repo-id", "me/x"], ["recipe.yaml: missing"]),
     "register, run.json cut short": (lambda r: truncate(r / "run.json"), ["register", "--name", "x"],
                                      ["run.json: unreadable"]),
+    "export, adapter weights cut short": (lambda r: (r / "adapter_model.safetensors").write_bytes(
+        (r / "adapter_model.safetensors").read_bytes()[:200]), ["export"],
+        ["adapter_model.safetensors: unreadable", "checkpoint-2"]),
+    "merge, adapter weights cut short in their tensors": (lambda r: (r / "adapter_model.safetensors").write_bytes(
+        (r / "adapter_model.safetensors").read_bytes()[:-16]), ["merge"],
+        ["adapter_model.safetensors: unreadable", "its tensors need"]),
     "eval --checkpoint, run.json is fine but the folder is a file": (
         lambda r: (shutil.rmtree(r), r.write_text("not a folder")), ["eval", "--checkpoint", "1"],
         ["a file, not a run folder"]),

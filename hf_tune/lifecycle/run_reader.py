@@ -104,10 +104,12 @@ class RunFolder:
         """"adapter" or "model": what the folder holds, its weight files checked to be there."""
         if self.adapter_config() is not None:
             self._require_one(ADAPTER_WEIGHTS, "the LoRA adapter's weights are")
+            self._whole_safetensors("adapter_model*.safetensors")
             return "adapter"
         if self.has(run_folder.MODEL_CONFIG):
             self._mapping(run_folder.MODEL_CONFIG, True)
             self._require_one(MODEL_WEIGHTS, "the model's weights are")
+            self._whole_safetensors("model*.safetensors")
             return "model"
         raise HfTuneError(f"{self.path}: no trained weights here (neither {run_folder.ADAPTER_CONFIG} nor "
                           f"{run_folder.MODEL_CONFIG})\n  fix: {self._recovery('a finished run folder')}")
@@ -161,6 +163,14 @@ class RunFolder:
             raise self._corrupt(name, f"it holds a {type(value).__name__}, not a mapping")
         return value
 
+    def _whole_safetensors(self, pattern: str) -> None:
+        """Each safetensors file of the weights read as far as its header: the header's length, its JSON, and the
+        tensors' byte ranges against the file's size (a copy cut short ends before its last tensor)."""
+        for file in sorted(self.path.glob(pattern)):
+            problem = safetensors_problem(file)
+            if problem is not None:
+                raise self._corrupt(file.name, problem)
+
     def _require_one(self, names: tuple[str, ...], what: str) -> None:
         if not any(self.has(name) for name in names):
             raise HfTuneError(f"{self.path}: {what} missing (none of {', '.join(names)})\n  fix: "
@@ -190,6 +200,28 @@ class RunFolder:
         if checkpoint is not None and (name is None or (checkpoint / name).is_file()):
             return f"pass the newest complete checkpoint, {checkpoint}, which keeps its own copy"
         return f"pass {wanted}"
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (the format: an 8-byte little-endian header length, a JSON
+    header, then every tensor's bytes at its ``data_offsets``), or None; reads the header only."""
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, shorter than a safetensors header"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"its header says {length} bytes of metadata, the file holds {size - 8} after the length"
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError as err:
+            return f"its header is not JSON ({err})"
+    ends = [entry["data_offsets"][1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
+    if ends and 8 + length + max(ends) > size:
+        return f"its tensors need {8 + length + max(ends)} bytes, the file has {size}"
+    return None
 
 
 def _parse_json(text: str) -> Any:
