@@ -98,6 +98,10 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "kto_label_not_boolean": "data.train",
     "profile_unknown_key": "profile.activ",
     "machine_gpu_memory_zero": "machine.gpu_memory_gb",
+    "machine_micro_batch_that_cannot_fit": "training.per_device_train_batch_size",
+    "model_vision_task_on_a_text_model": "model.task",
+    "resilience_rollback_without_checkpoints": "resilience.rollback_on_nonfinite",
+    "data_batch_tokens_typo": "data.batch_token",
     # issue 29: the methods wave (DPO, KTO, reward and GRPO data, rewards, quantization, search, mixtures, columns)
     "dpo_prompt_null": "data.train",
     "dpo_chosen_empty": "data.train",

@@ -21,7 +21,7 @@ from hf_tune.runtime.hub_access import RepoProblem, dataset_is_cached, hub_repo_
 from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe import Recipe, apply_values, validate_recipe
-from hf_tune.model.meta import config_model_class, shipped_config_path
+from hf_tune.model.meta import config_model_class, load_model_config, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
 from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.lifecycle.tracking import check_trackers
@@ -200,7 +200,20 @@ def _check_flash_attention_installed(recipe: Recipe) -> None:
                       "remove the key: hf_tune runs flash attention where it is installed, else sdpa_varlen")
 
 
-CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_hub_datasets, _check_fsdp, _check_push, _check_training_arguments,
+def _check_task_fits_model(recipe: Recipe) -> None:
+    """The model is of the recipe's task (its config has a class for ``model.task``), read from its config alone:
+    a vision-language task on a text-only model is named here, not by a processor that is not one. A config that
+    cannot be read is ``_check_model_source``'s to name."""
+    try:
+        config = load_model_config(recipe)
+    except RecipeError as err:
+        if err.key == "model.pretrained_model_name_or_path" and "architecture" not in err.problem:
+            return
+        raise
+    config_model_class(recipe, config)
+
+
+CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_task_fits_model, _check_hub_datasets, _check_fsdp, _check_push, _check_training_arguments,
                                                  _check_search_samples, _check_lora_init,
                                                  _check_flash_attention_installed, check_trackers,
                                                  _check_evaluation_tasks)

@@ -209,7 +209,20 @@ def model_class(recipe: Recipe, model=None) -> type:
     if model is not None:
         model = model.get_base_model() if hasattr(model, "get_base_model") else model
         return type(model)
-    return task_of(recipe.model.task).model_class._model_mapping[type(model_config(recipe))]
+    return task_model_class(recipe, model_config(recipe))
+
+
+def task_model_class(recipe: Recipe, config) -> type:
+    """The class the recipe's task builds for this config (the task's Auto class's own mapping), or a ``RecipeError``
+    naming ``model.task`` where the model is not of that kind (a vision-language task on a text-only model)."""
+    task = task_of(recipe.model.task)
+    try:
+        return task.model_class._model_mapping[type(config)]
+    except KeyError:
+        raise RecipeError("model.task", f"{recipe.model.pretrained_model_name_or_path} is a {config.model_type} "
+                          f"model, which has no {task.model_class.__name__} class in transformers: it is not a model "
+                          f"for task {recipe.model.task}", fix="pick a model of that kind, or the task this model has "
+                          "(model.task: causal_lm for a text-only language model)") from None
 
 
 def model_config(recipe: Recipe):
@@ -250,6 +263,16 @@ def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
         kwargs["local_files_only"] = True
     try:
         return cls.from_pretrained(path, **kwargs)
+    except ValueError as err:  # a config whose model_type this transformers does not know
+        if "model type" not in str(err) and "Unrecognized" not in str(err):
+            raise
+        import transformers
+
+        name, first = recipe.model.pretrained_model_name_or_path, str(err).splitlines()[0][:160]
+        raise RecipeError("model.pretrained_model_name_or_path", f"cannot read {name!r}: its config names an "
+                          f"architecture transformers {transformers.__version__} does not know ({first})", fix="upgrade transformers if the architecture is "
+                          "newer, set model.trust_remote_code: true if the repository ships its own code, or fix "
+                          "model_type in its config.json") from None
     except OSError as err:
         name = recipe.model.pretrained_model_name_or_path
         if recipe.model.gguf_file and recipe.model.gguf_file in str(err):

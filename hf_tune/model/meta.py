@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from hf_tune.errors import RecipeError
-from hf_tune.model.loading import lora_section, model_config
+from hf_tune.model.loading import lora_section, model_config, task_model_class
 from hf_tune.model.vision import freeze_vision_tower, freezes_vision
 from hf_tune.recipe.schema import Recipe
 from hf_tune.catalog.tasks import task_of
@@ -51,7 +51,7 @@ def config_model_class(recipe: Recipe, config=None) -> type:
     """The class ``from_pretrained`` will build for the recipe's task, from the model's config alone (the shipped
     one when the model's files are out of reach)."""
     config = config or load_model_config(recipe)
-    return task_of(recipe.model.task).model_class._model_mapping[type(config)]
+    return task_model_class(recipe, config)
 
 
 def meta_dtype(recipe: Recipe, config) -> torch.dtype:
