@@ -100,6 +100,7 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "machine_gpu_memory_zero": "machine.gpu_memory_gb",
     "machine_micro_batch_that_cannot_fit": "training.per_device_train_batch_size",
     "model_vision_task_on_a_text_model": "model.task",
+    "model_unknown_architecture": "model.pretrained_model_name_or_path",
     "resilience_rollback_without_checkpoints": "resilience.rollback_on_nonfinite",
     "data_batch_tokens_typo": "data.batch_token",
     # issue 29: the methods wave (DPO, KTO, reward and GRPO data, rewards, quantization, search, mixtures, columns)
