@@ -92,3 +92,15 @@ def test_generate_continues_only_its_own_job_and_never_rewrites_another_s(tmp_pa
     # the same job again: already answered, nothing loaded, the file left byte for byte
     result = generate_file(tmp_path / "no-run", first, answers)
     assert result["resumed_after"] == 2 and answers.read_bytes() == kept
+
+
+def test_generate_refuses_a_role_the_chat_template_does_not_render(smol_tokenizer):
+    from hf_tune.commands.generate import refuse_unknown_roles
+    from hf_tune.errors import HfTuneError
+
+    fine = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}]
+    refuse_unknown_roles(smol_tokenizer, fine, "p.jsonl")  # SmolLM2's ChatML renders both
+    with pytest.raises(HfTuneError) as refused:  # ChatML would print any role; the model never saw this one
+        refuse_unknown_roles(smol_tokenizer, [*fine, {"messages": [{"role": "narrator", "content": "Once"}]}],
+                             "p.jsonl")
+    assert "line 2: role 'narrator'" in str(refused.value) and "user, assistant" in str(refused.value)

@@ -89,6 +89,7 @@ def generate_file(run_dir: str | Path, input: str | Path, out: str | Path, batch
         return {"out": str(out), "answers": len(rows), "resumed_after": len(rows)}
     done = _answered(partial, rows)
     model, tokenizer = load_trained(run_dir, device=device, dtype=dtype)
+    refuse_unknown_roles(tokenizer, rows, input)  # before anything is written
     if seed is not None:
         torch.manual_seed(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +106,33 @@ def generate_file(run_dir: str | Path, input: str | Path, out: str | Path, batch
             bar.update(len(batch))
     os.replace(partial, out)
     return {"out": str(out), "answers": len(rows), "resumed_after": done}
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles chat templates are written for
+
+
+def refuse_unknown_roles(tokenizer, rows: list[dict], input: str | Path) -> None:
+    """Every role of the prompts is a conversation role (``ROLES``) that the run's chat template renders (its content
+    appears in the rendering), else an ``HfTuneError`` naming the first line that uses it: a role the template drops,
+    refuses or (ChatML) prints whatever it is would be answered as a conversation the model was never shown."""
+    verdicts: dict[str, bool] = {}
+
+    def renders(role: str) -> bool:
+        if role not in verdicts:
+            marker = "hf-tune-role-check"
+            try:
+                text = tokenizer.apply_chat_template([{"role": role, "content": marker}], tokenize=False)
+                verdicts[role] = role in ROLES and marker in text
+            except Exception:  # the template raised on the role (jinja's raise_exception, a missing key)
+                verdicts[role] = False
+        return verdicts[role]
+
+    for number, row in enumerate(rows, start=1):
+        for turn in conversation(row):
+            if not renders(turn["role"]):
+                known = ", ".join(role for role in ROLES if renders(role))
+                raise HfTuneError(f"--input {input}, line {number}: role {turn['role']!r} is not one the run's chat "
+                                  f"template renders\n  fix: use one it does ({known})")
 
 
 def answers_input(path: str | Path, input: str | Path) -> bool:
