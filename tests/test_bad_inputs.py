@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import launch
+from vision_inputs import tiny_vlm  # noqa: F401  (a fixture: the vision cases' model)
 import yaml
 
 from hf_tune.errors import RecipeError
@@ -280,23 +281,27 @@ EXPECTED_TEXT = {  # what the message says besides the key: where in the file, a
 CLI_CASES = ["lora_r_zero", "chat_broken_line", "training_optim_unknown"]  # also run as `python -m hf_tune.run`
 
 
-def arguments(case: str, tiny_llama_dir: str, out: Path) -> list[str]:
+def arguments(case: str, tiny_llama_dir: str, out: Path, request=None) -> list[str]:
+    """The case's command line; its placeholder models (``tiny-llama``, ``tiny-vlm``) replaced by the fixtures'."""
     recipe = CORPUS / f"{case}.yaml"
     args = [str(recipe), f"training.output_dir={out}"]
-    if yaml.safe_load(recipe.read_text())["model"]["pretrained_model_name_or_path"] == "tiny-llama":
+    model = yaml.safe_load(recipe.read_text())["model"]["pretrained_model_name_or_path"]
+    if model == "tiny-llama":
         args.append(f"model.pretrained_model_name_or_path={tiny_llama_dir}")
+    elif model == "tiny-vlm":  # built only for the cases that name it
+        args.append(f"model.pretrained_model_name_or_path={request.getfixturevalue('tiny_vlm')}")
     return args
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED_KEY))
-def test_bad_input_is_one_message_naming_its_key(case, tiny_llama_dir, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_message_naming_its_key(case, tiny_llama_dir, tmp_path, monkeypatch, capsys, request):
     missing = {"model_flash_attention_missing": "flash_attn", "training_liger_not_installed": "liger_kernel"}
     if case in missing and importlib.util.find_spec(missing[case]) is not None:
         pytest.skip(f"{missing[case]} is installed here")
     monkeypatch.chdir(CORPUS)  # the corpus recipes name their data files relative to it
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exited:
-        main(arguments(case, tiny_llama_dir, out))
+        main(arguments(case, tiny_llama_dir, out, request))
     stderr = capsys.readouterr().err
     assert exited.value.code == 2
     assert f"hf_tune: error: {EXPECTED_KEY[case]}: " in stderr

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from hf_tune.catalog.templates import fitting_templates
-from hf_tune.errors import HfTuneError, describe_exception
+from hf_tune.errors import HfTuneError, RecipeError, describe_exception
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.loading import stored_in_mxfp4
@@ -197,7 +197,7 @@ def causal_lm_config(model: str, recipe):
     try:
         config_model_class(recipe, config)
         causal = not architectures or any(name.endswith(CAUSAL_ARCHITECTURES) for name in architectures)
-    except KeyError:  # no causal LM class for this config at all
+    except RecipeError:  # no causal LM class for this config at all (config_model_class names model.task)
         causal = False
     if not causal:
         named = f" ({', '.join(architectures)})" if architectures else ""

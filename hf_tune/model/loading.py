@@ -264,7 +264,7 @@ def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
     try:
         return cls.from_pretrained(path, **kwargs)
     except ValueError as err:  # a config whose model_type this transformers does not know
-        if "model type" not in str(err) and "Unrecognized" not in str(err):
+        if "does not recognize this architecture" not in str(err):  # transformers' words for an unknown model_type
             raise
         import transformers
 
