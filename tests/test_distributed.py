@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from conftest import REPO, chat_recipe, free_port
@@ -188,3 +189,40 @@ def test_accelerate_launch_on_cpu_trains_on_every_core_unless_the_user_chose_a_t
         assert result.returncode == 0, result.stderr[-3000:]
         assert json.loads((run_dir / "run.json").read_text())["cpu_threads"] == expected
         assert ("CPU threads:" in result.stderr) == (not flags)  # one log line, only when hf_tune chose
+
+
+@pytest.mark.slow
+def test_one_process_trains_the_same_weights_bit_for_bit_under_every_launcher(tmp_path, tiny_llama_dir):
+    """python -m hf_tune.run, accelerate launch, torchrun --nproc_per_node 1 and the deepspeed launcher with one
+    process, on the same machine and thread count (2, chosen: each launcher would otherwise pick its own): the same
+    LoRA run with dropout ends on the same adapter and losses, and run.json names the launcher."""
+    from safetensors.torch import load_file
+
+    recipe = small_recipe(tmp_path, tiny_llama_dir, seed=5, learning_rate=1e-2)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["lora"] = {"r": 4, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.1}  # draws every step
+    recipe.write_text(yaml.safe_dump(raw))
+    port = str(free_port())
+    commands = {
+        "python": ["python", "-m", "hf_tune.run"],
+        "accelerate": ["accelerate", "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+                       "--dynamo_backend", "no", "--num_cpu_threads_per_process", "2", "-m", "hf_tune.run"],
+        "torchrun": ["torchrun", "--nproc_per_node", "1", "--master_port", port, "-m", "hf_tune.run"],
+        "deepspeed": ["deepspeed", "--num_gpus", "1", "--master_port", port, "--module", "hf_tune.run"],
+    }
+    env = {"OMP_NUM_THREADS": "2", "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "hf_tune" / "torch_extensions")}
+    adapters, losses, manifests = {}, {}, {}
+    for name, command in commands.items():
+        run_dir = tmp_path / name
+        done = launch.run(*command, str(recipe), f"training.output_dir={run_dir}", env=env)
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+        adapters[name] = load_file(run_dir / "adapter_model.safetensors")
+        losses[name] = [row["loss"] for row in json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
+                        if "loss" in row]
+        manifests[name] = json.loads((run_dir / "run.json").read_text())
+    assert {name: m["numerics"]["launcher"] for name, m in manifests.items()} == {name: name for name in commands}
+    assert {m["cpu_threads"] for m in manifests.values()} == {2} and {m["world_size"] for m in manifests.values()} == {1}
+    reference = adapters["python"]
+    for name in commands:
+        assert losses[name] == losses["python"] and len(losses[name]) == 3, name
+        assert all(torch.equal(adapters[name][key], reference[key]) for key in reference), name
