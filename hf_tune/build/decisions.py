@@ -196,7 +196,8 @@ def ran(run) -> RunDecisions:
     decided, args, trainer = run.decisions, run.args, run.trainer
     sft = not method_of(run.recipe.method).uses_trl
     loss = getattr(trainer, "compute_loss_func", None)
-    observed = {"checkpointing": bool(args.activation_checkpointing),
+    fsdp_config = args.fsdp_config if isinstance(getattr(args, "fsdp_config", None), dict) else {}
+    observed = {"checkpointing": bool(args.activation_checkpointing or fsdp_config.get("activation_checkpointing")),
                 "per_device_train_batch_size": args.per_device_train_batch_size,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps}
     if decided.attention is not None:
