@@ -5,7 +5,8 @@
 The order matters: the training arguments come first, built once (under a CPU DeepSpeed launch they start the
 process group that ZeRO-3's model loading needs) and the launch is checked before anything heavy; the data is loaded
 once, by the main process first, and gives the class names to the model; the run's decisions are taken before any
-weight loads (on the main process, for every rank), fitted to the machine's memory and written into the arguments;
+weight loads (on the main process, for every rank) and fitted to the machine's memory (where the fit changes the
+recipe, the arguments are built again from it);
 the seed is set right before the model is built, so its freshly initialised weights (classification heads, LoRA)
 are the same in every run with that seed.
 """
