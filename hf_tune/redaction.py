@@ -49,6 +49,15 @@ def is_secret_key(name: str) -> bool:
     return bool(SECRET_KEY.search(name))
 
 
+def unknown_key(path: str, problem: str, suggestion: str | None) -> RecipeError:
+    """The error of a key the section does not have: a typo with its "did you mean" (``data.batch_token``), except a
+    secret-named key close to no key of ours (``model.token``, from_pretrained's), refused as the secret it holds."""
+    if suggestion is None and is_secret_key(path.rsplit(".", 1)[-1]):
+        return RecipeError(path, "holds a secret, which would be written into recipe.yaml, run.json and every "
+                           "checkpoint's training_args.bin", fix=SECRET_FIX)
+    return RecipeError(path, problem, fix=suggestion)
+
+
 def url_has_credentials(url: str) -> bool:
     """Whether a URL (or an fsspec chain of them) carries a password in its userinfo or a secret in its query."""
     return bool(URL_USERINFO.search(url) or URL_QUERY_SECRET.search(url))

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from hf_tune.errors import RecipeError
+from hf_tune.redaction import unknown_key
 
 # Values TrainingArguments accepts without complaint but that can only be mistakes.
 _POSITIVE = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
@@ -44,7 +45,7 @@ def check_upstream_kwargs(section: str, values: dict[str, Any], cls: type, reser
         if reserved and key in reserved:
             raise RecipeError(path, "is set by hf_tune", fix=reserved[key])
         if key not in fields:
-            raise RecipeError(path, f"unknown key: not an argument of {cls.__name__}", fix=did_you_mean(key, fields))
+            raise unknown_key(path, f"unknown key: not an argument of {cls.__name__}", did_you_mean(key, fields))
         try:
             converted = TypeAdapter(fields[key]).validate_python(value)
         except ValidationError as err:

@@ -20,7 +20,7 @@ from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, Hub
                                    MachineSection, ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
-from hf_tune.redaction import is_secret_key, refuse_secrets
+from hf_tune.redaction import is_secret_key, refuse_secrets, unknown_key
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 
 # Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
@@ -156,7 +156,7 @@ def _describe(cls: type[BaseModel], section: str, error: dict[str, Any]) -> Reci
     loc = [str(part) for part in parts]
     path = section + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
     if error["type"] == "extra_forbidden":
-        return RecipeError(path, "unknown key", fix=did_you_mean(loc[-1], _fields_at(cls, loc[:-1])))
+        return unknown_key(path, "unknown key", did_you_mean(loc[-1], _fields_at(cls, loc[:-1])))
     if error["type"] == "missing":
         return RecipeError(path, "required key is missing")
     if not loc:  # a check across keys of the section
