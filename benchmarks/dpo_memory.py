@@ -40,7 +40,10 @@ PAIRS, BATCH, MAX_LENGTH = 16, 4, 512
 SETUPS = {
     "trl_no_ckpt": "plain TRL DPOTrainer, activation checkpointing off (as issue #33 measured), reference forward "
                    "every step (adapter disabled)",
-    "hf_tune_ckpt": "hf_tune, activation checkpointing on (TRL's default, kept), reference precomputed once",
+    "hf_tune_ckpt": "hf_tune, activation checkpointing on (TRL's default, kept), pairs as one flattened row (its "
+                    "default, hf_tune/model/flat_pairs.py), reference precomputed once",
+    "hf_tune_ckpt_padded": "hf_tune, activation checkpointing on, pairs padded as TRL pads them "
+                           "(training.padding_free: false), reference precomputed once",
     "trl_default": "plain TRL DPOTrainer, its default activation checkpointing on, reference forward every step",
     "hf_tune": "hf_tune, recipes/llm_dpo.yaml as shipped: checkpointing off, reference precomputed once",
 }
@@ -81,7 +84,7 @@ def write_pairs(folder: Path) -> Path:
 
 # ---------------------------------------------------------------- one setup, in its own process
 
-def hf_tune_recipe(data: Path, out: Path, checkpointing: bool):
+def hf_tune_recipe(data: Path, out: Path, checkpointing: bool, *more: str):
     from hf_tune import load_recipe
 
     return load_recipe(REPO / "recipes" / "llm_dpo.yaml", [
@@ -89,7 +92,7 @@ def hf_tune_recipe(data: Path, out: Path, checkpointing: bool):
         f"training.per_device_train_batch_size={BATCH}", "training.max_steps=-1", "training.num_train_epochs=1",
         f"training.output_dir={out}", "training.save_strategy=no", "training.eval_strategy=no",
         "training.logging_steps=1", "training.disable_tqdm=true", "training.warmup_steps=0",
-        f"training.activation_checkpointing={str(checkpointing).lower()}"])
+        f"training.activation_checkpointing={str(checkpointing).lower()}", *more])
 
 
 def plain_trl_trainer(data: Path, out: Path, checkpointing: bool):
@@ -122,7 +125,8 @@ def build_trainer(setup: str, data: Path, out: Path):
 
     if setup.startswith("trl_"):
         return plain_trl_trainer(data, out, checkpointing=setup == "trl_default")
-    return build_run(hf_tune_recipe(data, out, checkpointing=setup == "hf_tune_ckpt")).trainer
+    more = ["training.padding_free=false"] if setup.endswith("_padded") else []
+    return build_run(hf_tune_recipe(data, out, setup.startswith("hf_tune_ckpt"), *more)).trainer
 
 
 def timed_reference_pass() -> dict:
@@ -155,7 +159,8 @@ def compare_child(setup: str, data: Path, work: Path) -> dict:
             "s_per_step": seconds / steps, "reference_s": reference["seconds"],
             "epoch_s": seconds + reference["seconds"], "losses": losses,
             "checkpointing": bool(trainer.args.gradient_checkpointing),
-            "precompute": bool(trainer.args.precompute_ref_log_probs)}
+            "precompute": bool(trainer.args.precompute_ref_log_probs),
+            "flat_pairs": bool(getattr(trainer, "flat_pairs", False))}
 
 
 # ---------------------------------------------------------------- breakdown of one step

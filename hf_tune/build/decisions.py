@@ -20,11 +20,13 @@ from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.training_args import computes_in_half_precision
 from hf_tune.data import decide_padding_free
-from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation
+from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation, runs_examples_apart
+from hf_tune.model.attention import supports_padding_free
 from hf_tune.model.attention_choice import flash_candidates
 from hf_tune.model.chunked_head import expects_chunked_loss
 from hf_tune.model.meta import config_model_class, load_model_config, meta_dtype
 from hf_tune.model.moe import is_moe_config
+from hf_tune.recipe.quantization import weight_sharding
 from hf_tune.recipe.schema import Recipe
 from hf_tune.trainer.preemption import saves_on_signal
 from hf_tune.build.memory_fit import Budget, fit_memory, memory_budget
@@ -73,11 +75,12 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
     config = config if config is not None else load_model_config(recipe)
     mixed = "bf16" if args.bf16 else "fp16" if args.fp16 else None
     attention, padding_free = recipe.model.attn_implementation, False
-    if task.causal and not method.uses_trl:
+    if task.causal and (not method.uses_trl or method.flat_pairs):
         model_class = model_class or config_model_class(recipe, config)
         if attention is None:
             attention = decide_attention(recipe, args, model_class, config)
-        padding_free = decide_padding_free(recipe, model_class, attention, config)
+        padding_free = (decide_flat_pairs(recipe, model_class, attention, config) if method.uses_trl
+                        else decide_padding_free(recipe, model_class, attention, config))
     fsdp_config = args.fsdp_config if isinstance(getattr(args, "fsdp_config", None), dict) else {}
     checkpointing = bool(recipe.training.get("activation_checkpointing") or recipe.training.get(
         "gradient_checkpointing") or getattr(args, "gradient_checkpointing", False)
@@ -113,6 +116,18 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
     if world is None:  # the launch, where it is distributed; else the machine the recipe was written for (validate)
         world = args.world_size if args.world_size > 1 else recipe.machine.world_size if recipe.machine else 1
     return fit_memory(recipe, args, decided, model, world, budget, padding_ratio)
+
+
+def decide_flat_pairs(recipe: Recipe, model_class: type, attention: str | None, config) -> bool:
+    """Whether a DPO run's pairs run as one flattened row (``hf_tune.model.flat_pairs``): ``training.padding_free``
+    (TRL's key, which TRL 1.16 turns off), else where the attention runs each sequence on its own (flash,
+    sdpa_varlen), the packing probe proved flattened rows exact on the architecture, and no rank holds a shard of the
+    weights (the proof runs a forward on the model before training). The run proves it on the model too."""
+    asked = recipe.training.get("padding_free")
+    if asked is not None:
+        return bool(asked)
+    return bool(runs_examples_apart(attention) and weight_sharding(recipe) is None
+                and supports_padding_free(model_class, attention, config))
 
 
 def compute_dtype(recipe: Recipe, mixed: str | None, weights: str) -> str:
@@ -202,6 +217,8 @@ def ran(run) -> RunDecisions:
                 "gradient_accumulation_steps": args.gradient_accumulation_steps}
     if decided.attention is not None:
         observed["attention"] = loaded_attn_implementation(run.model)
+    if method_of(run.recipe.method).flat_pairs and task_of(run.recipe.model.task).causal:
+        observed["padding_free"] = bool(getattr(trainer, "flat_pairs", False))
     if sft and task_of(run.recipe.model.task).causal:
         observed["padding_free"] = bool(getattr(trainer.data_collator, "padding_free", False))
         observed["chunked_loss"] = is_chunked(loss)

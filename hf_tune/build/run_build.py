@@ -36,7 +36,7 @@ from hf_tune.trainer.rollback import StepSkips
 from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
 from hf_tune.catalog.methods import method_of
 from hf_tune.model import build_model, build_tokenizer
-from hf_tune.model.attention import loaded_attn_implementation
+from hf_tune.model.attention import loaded_attn_implementation, runs_examples_apart
 from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, log_chunked_loss_off
 from hf_tune.model.loading import model_class
 from hf_tune.optim.resume import RecipeHyperparameters
@@ -138,7 +138,7 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
     own, last). ``run``: the run being built, whose decisions the collator and the loss follow (without one, they
     decide by the same rules: the collator from the attention the model runs)."""
     if method_of(recipe.method).uses_trl:
-        trainer = build_method_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args, **kwargs)
+        trainer = build_method_trainer(recipe, model, tokenizer, train_dataset, eval_dataset, args, run=run, **kwargs)
     else:
         task = task_of(recipe.model.task)
         attention = loaded_attn_implementation(model) if model is not None else None
@@ -190,12 +190,15 @@ def causal_loss(recipe: Recipe, model, run: Run | None = None):
 
 
 def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset, args: TrainingArguments,
-                         **kwargs):
+                         run: Run | None = None, **kwargs):
     """A TRL method's trainer, without callbacks. TRL wraps the model with the recipe's LoRA itself
     (``peft_config``), so that its reference is the base with the adapter disabled, and tokenizes the data in its
-    own layouts."""
+    own layouts. ``run``: the run being built, whose decision on padding-free pairs the trainer follows (DPO)."""
     method, task = method_of(recipe.method), task_of(recipe.model.task)
     extra = {}
+    if method.flat_pairs and run is not None:  # a proof that fails falls back, unless the recipe asked for it
+        extra.update(flat_pairs=run.decisions.padding_free, example_boundaries=runs_examples_apart(
+            run.decisions.attention), fall_back=run.fall_back if recipe.training.get("padding_free") is None else None)
     if recipe.lora is not None:
         from peft import LoraConfig  # peft is loaded with a LoRA model only
 

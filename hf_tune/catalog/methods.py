@@ -34,6 +34,7 @@ class Method:
     spelled: str = ""  # its name as its paper spells it (the model card), where not the name in capitals
     formats: tuple[str, ...] = ()  # the data.format values it reads (hf_tune.catalog.formats), its default first
     unpaired_formats: tuple[str, ...] = ()  # formats it reads as unpaired examples (TRL's unpair_preference_dataset)
+    flat_pairs: bool = False  # its padded pairs can run as one flattened row (hf_tune.model.flat_pairs)
 
     @property
     def config(self) -> type:
@@ -60,6 +61,7 @@ METHODS = {
                            "vision_chat")),
     "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",),
                   "direct preference optimization on chosen / rejected pairs", reference=True, formats=("preference",),
+                  flat_pairs=True,
                   eval_metrics=("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins")),
     "kto": Method("kto", "trl:KTOConfig", "trl:KTOTrainer", ("causal_lm",),
                   "Kahneman-Tversky optimization on completions labelled desirable or not", reference=True,

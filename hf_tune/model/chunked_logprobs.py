@@ -31,6 +31,30 @@ def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets:
     """``log_softmax(head(hidden))[target]`` per position, float32, shaped like ``targets``; 0 where the target is
     -100. ``hidden``: ``[N, H]`` or ``[B, T, H]``; ``weight``: ``[V, H]``; gradients reach ``hidden``, ``weight``
     and ``bias`` (whichever require them)."""
+    return _kept_positions(hidden, weight, targets, bias, chunk_size, logit_scale, softcap, stats=False).logprobs
+
+
+@dataclass(frozen=True)
+class TargetStats:
+    """Per position (shaped like the targets, 0 where the target is -100): the target's log-probability (with its
+    gradient), and, without one, the distribution's entropy, the mean logit and whether the target is the top
+    logit (what TRL's preference trainers log)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    mean_logits: torch.Tensor
+    is_top1: torch.Tensor
+
+
+def chunked_target_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         bias: torch.Tensor | None = None, *, chunk_size: int | None = None,
+                         logit_scale: float = 1.0, softcap: float | None = None) -> TargetStats:
+    """``chunked_target_logprobs`` and the statistics of ``TargetStats``, from the same chunks of logits."""
+    return _kept_positions(hidden, weight, targets, bias, chunk_size, logit_scale, softcap, stats=True)
+
+
+def _kept_positions(hidden, weight, targets, bias, chunk_size, logit_scale, softcap, stats: bool) -> TargetStats:
+    """The chunked head over the positions whose target is kept, scattered back to the targets' shape."""
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree on the "
                          "positions")
@@ -49,10 +73,16 @@ def chunked_target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets:
     # a frozen head (LoRA): the rows' gradient is computed in forward, with no logits recomputed in backward
     rows_only = torch.is_grad_enabled() and rows.requires_grad and not weight.requires_grad and not (
         bias is not None and bias.requires_grad)
-    kept_logprobs = _ChunkedTargetLogprobs.apply(rows, weight, bias, flat_targets.index_select(0, kept), chunk_size,
-                                                 float(logit_scale), softcap, compute_dtype, rows_only)
-    logprobs = torch.zeros(flat_targets.shape, dtype=torch.float32, device=hidden.device)
-    return logprobs.index_put((kept,), kept_logprobs).reshape(targets.shape)
+    outputs = _ChunkedTargetLogprobs.apply(rows, weight, bias, flat_targets.index_select(0, kept), chunk_size,
+                                           float(logit_scale), softcap, compute_dtype, rows_only, stats)
+
+    def scattered(values: torch.Tensor) -> torch.Tensor:
+        if values.numel() != kept.numel():  # a statistic not asked for
+            return values
+        whole = torch.zeros(flat_targets.shape, dtype=values.dtype, device=hidden.device)
+        return whole.index_put((kept,), values).reshape(targets.shape)
+
+    return TargetStats(*(scattered(values) for values in outputs))
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -114,6 +144,15 @@ def _logprob_grad_of_logits(logits: torch.Tensor, logsumexp: torch.Tensor, targe
     return grad_logits
 
 
+def _chunk_stats(logits: torch.Tensor, logsumexp: torch.Tensor, targets: torch.Tensor, entropy: torch.Tensor,
+                 mean_logits: torch.Tensor, is_top1: torch.Tensor) -> None:
+    """One chunk's ``TargetStats`` statistics, written into the given slices (``logits`` left unchanged)."""
+    probabilities = (logits - logsumexp[:, None]).exp_()
+    entropy.copy_(logsumexp - (probabilities.mul_(logits)).sum(-1))
+    mean_logits.copy_(logits.mean(-1))
+    is_top1.copy_(logits.argmax(-1) == targets)
+
+
 class _ChunkedTargetLogprobs(torch.autograd.Function):
     """Target log-probabilities of kept rows. Where only the rows need a gradient (``ahead``: a frozen head, LoRA),
     forward also computes each row's d logp / d row while its chunk's logits exist, and saves that ``[rows, H]`` alone: as
@@ -121,17 +160,23 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
     the head trains, forward saves only the inputs and one log-sum-exp per row, and backward recomputes the logits."""
 
     @staticmethod
-    def forward(ctx, rows, weight, bias, targets, chunk_size, logit_scale, softcap, compute_dtype, ahead):
+    def forward(ctx, rows, weight, bias, targets, chunk_size, logit_scale, softcap, compute_dtype, ahead, stats):
         with _autocast_off(rows.device.type):
             w, b = weight.to(compute_dtype), None if bias is None else bias.to(compute_dtype)
             logprobs = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
             logsumexp = torch.empty_like(logprobs)
+            kept = rows.shape[0] if stats else 0
+            entropy, mean_logits = logprobs.new_empty(kept), logprobs.new_empty(kept)
+            is_top1 = torch.empty(kept, dtype=torch.bool, device=rows.device)
             grad_rows = torch.empty(rows.shape, dtype=torch.float32, device=rows.device) if ahead else None
             for start in range(0, rows.shape[0], chunk_size):
                 end = min(start + chunk_size, rows.shape[0])
                 logits, slope = _chunk_logits(rows[start:end].to(compute_dtype), w, b, logit_scale, softcap)
                 logsumexp[start:end] = torch.logsumexp(logits, dim=-1)
                 logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - logsumexp[start:end]
+                if stats:
+                    _chunk_stats(logits, logsumexp[start:end], targets[start:end], entropy[start:end],
+                                 mean_logits[start:end], is_top1[start:end])
                 if ahead:
                     grad_logits = _logprob_grad_of_logits(logits, logsumexp[start:end], targets[start:end], None,
                                                           slope, logit_scale)
@@ -143,13 +188,14 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
         ctx.ahead, ctx.rows_dtype = ahead, rows.dtype
         ctx.chunk_size, ctx.logit_scale, ctx.softcap = chunk_size, logit_scale, softcap
         ctx.compute_dtype = compute_dtype
-        return logprobs
+        ctx.mark_non_differentiable(entropy, mean_logits, is_top1)
+        return logprobs, entropy, mean_logits, is_top1
 
     @staticmethod
-    def backward(ctx, grad_logprobs):
+    def backward(ctx, grad_logprobs, *_statistics):
         if ctx.ahead:
             (grad_rows,) = ctx.saved_tensors
-            return (grad_rows * grad_logprobs.float()[:, None]).to(ctx.rows_dtype), *(None,) * 8
+            return (grad_rows * grad_logprobs.float()[:, None]).to(ctx.rows_dtype), *(None,) * 9
         rows, weight, bias, targets, logsumexp = ctx.saved_tensors
         need_rows, need_weight, need_bias = ctx.needs_input_grad[:3]
         dtype = ctx.compute_dtype
@@ -175,7 +221,7 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                     grad_weight += (grad_logits.T @ chunk).float()
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_rows, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_rows, grad_weight, grad_bias, *(None,) * 7
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from hf_tune.catalog.methods import method_of
 from hf_tune.model.chunked_head import hidden_state_inputs
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
+from hf_tune.trainer.flat_pairs import FlatPreferenceRows
 from hf_tune.trainer.generators import generators_kept
 from hf_tune.trainer.monitors import Monitors, monitors_of
 from hf_tune.trainer.reference import ReferenceLogpsCache
@@ -188,11 +189,13 @@ class HfTuneTrainer(HfTuneMixin, Trainer):
 @functools.cache
 def method_trainer_class(name: str) -> type:
     """The trainer class of a method: ``HfTuneTrainer``, or hf_tune's mixins over the method's TRL trainer (with the
-    cached reference log-probabilities where the method has a reference model)."""
+    cached reference log-probabilities where the method has a reference model, and its pairs as flattened rows
+    where it can run them so)."""
     method = method_of(name)
     if not method.uses_trl:
         return HfTuneTrainer
     upstream = method.trainer
-    bases = (ReferenceLogpsCache, HfTuneMixin, upstream) if method.reference else (HfTuneMixin, upstream)
+    bases = ((ReferenceLogpsCache,) if method.reference else ()) + ((FlatPreferenceRows,) if method.flat_pairs
+                                                                     else ()) + (HfTuneMixin, upstream)
     return type(f"HfTune{upstream.__name__}", bases, {"__doc__": f"{upstream.__name__} with hf_tune's features."})
 
