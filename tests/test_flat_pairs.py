@@ -71,10 +71,14 @@ def test_flattened_pairs_give_the_padded_forwards_log_probabilities(architecture
     assert torch.equal(got.is_top1, expected["is_top1"])
 
 
-def test_flattened_pairs_give_the_padded_gradients(tiny_llama_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-    model.set_attn_implementation("sdpa_varlen")
-    ids, mask, labels = padded_pairs(model.config.vocab_size, [10, 4, 7, 7])
+def test_flattened_pairs_give_the_padded_gradients_through_a_lora_model(tiny_llama_dir, monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    base.set_attn_implementation("sdpa_varlen")
+    torch.manual_seed(1)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids, mask, labels = padded_pairs(base.config.vocab_size, [10, 4, 7, 7])
 
     def gradients(flat: bool) -> dict[str, torch.Tensor]:
         model.zero_grad()
@@ -86,12 +90,14 @@ def test_flattened_pairs_give_the_padded_gradients(tiny_llama_dir):
             logprobs = logprobs * (labels[:, 1:] != -100)
         weights = torch.arange(1.0, 1.0 + logprobs.shape[0])[:, None]  # each row its own weight, as DPO's loss
         (logprobs * weights).sum().backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
 
     padded = gradients(flat=False)
-    add_fused_lm_head(model)
-    install_flat_pairs(model, chunked_loss_head(model), example_boundaries=True)
+    add_fused_lm_head(base)  # as TRL does: on the base, under the adapter
+    install_flat_pairs(base, chunked_loss_head(base), example_boundaries=True)
+    calls = spy_on_flat_forward(monkeypatch)
     flat = gradients(flat=True)
+    assert calls == [1] and len(padded) == 28  # through the flattened forward; LoRA A and B of 14 linear layers
     for name, grad in padded.items():
         torch.testing.assert_close(flat[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
@@ -110,6 +116,19 @@ def test_the_proof_fails_where_the_flattened_sequences_would_see_each_other(tiny
         check_flat_pairs(model, head)
 
 
+def spy_on_flat_forward(monkeypatch) -> list[int]:
+    """A list that counts the calls of the flattened forward from now on (its one entry, once called)."""
+    calls: list[int] = []
+    original = flat_pairs.flat_pairs_forward
+
+    def counted(*args, **kwargs):
+        calls[:] = [calls[0] + 1] if calls else [1]
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flat_pairs, "flat_pairs_forward", counted)
+    return calls
+
+
 def dpo_raw(model: str, out, **training) -> dict:
     raw = yaml.safe_load((REPO / "recipes" / "llm_dpo.yaml").read_text())
     raw["model"]["pretrained_model_name_or_path"] = model
@@ -124,14 +143,17 @@ def dpo_raw(model: str, out, **training) -> dict:
 
 def test_a_dpo_run_trains_to_the_same_losses_flattened_or_padded(tiny_llama_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))  # each run its own reference pass
-    runs = {}
+    runs, calls = {}, {}
     for name, training in (("flat", {}), ("padded", {"padding_free": False})):
+        calls[name] = spy_on_flat_forward(monkeypatch)
         train(load_recipe(dpo_raw(tiny_llama_dir, tmp_path / name, **training)))
         manifest = json.loads((tmp_path / name / "run.json").read_text())
         history = json.loads((tmp_path / name / "trainer_state.json").read_text())["log_history"]
         runs[name] = (manifest["decisions"], [entry["loss"] for entry in history if "loss" in entry])
     assert runs["flat"][0]["padding_free"] is True and runs["flat"][0]["attention"] == "sdpa_varlen"
     assert runs["padded"][0]["padding_free"] is False
+    # flattened: the proof, the reference pass (the recipe's 240 pairs, 4 a batch) and 3 training steps; padded: never
+    assert calls == {"flat": [1 + 240 // 4 + 3], "padded": []}
     assert len(runs["flat"][1]) == 3
     assert runs["flat"][1][0] != runs["flat"][1][2]  # it trained
     assert runs["flat"][1] == pytest.approx(runs["padded"][1], abs=1e-4)

@@ -29,8 +29,8 @@ from hf_tune.errors import RecipeError
 from hf_tune.model.chunked_logprobs import IGNORE_INDEX, LogitHead, chunked_target_stats
 
 KEY = "training.padding_free"
-# model inputs a flattened row carries over from TRL's padded batch; any other one (pixel values, router logits
-# asked for) keeps the call on TRL's forward
+# model inputs a flattened row carries over from TRL's padded batch; any other one with a value (pixel values,
+# router logits asked for, hidden states asked for) keeps the call on TRL's forward
 _FLATTENED = frozenset({"input_ids", "attention_mask", "use_cache"})
 
 
@@ -94,8 +94,9 @@ def install_flat_pairs(model, head: LogitHead, example_boundaries: bool) -> None
 
     @functools.wraps(type(model).forward)  # the signature generate() validates its kwargs against
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if fused_lm_head and not args and shift_labels is None and labels is not None and _flattenable(kwargs):
-            return flat_pairs_forward(self, head, kwargs["input_ids"], kwargs["attention_mask"], labels,
+        given = {name: value for name, value in kwargs.items() if value is not None}  # PEFT passes its Nones on
+        if fused_lm_head and not args and shift_labels is None and labels is not None and _flattenable(given):
+            return flat_pairs_forward(self, head, given["input_ids"], given["attention_mask"], labels,
                                       num_items_in_batch, example_boundaries)
         return padded_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                               num_items_in_batch=num_items_in_batch, **kwargs)
@@ -111,9 +112,12 @@ def uninstall_flat_pairs(model) -> None:
         model.forward = padded_forward
 
 
-def _flattenable(kwargs: dict) -> bool:
-    ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-    return (set(kwargs) <= _FLATTENED and ids is not None and mask is not None and ids.dim() == 2
+def _flattenable(given: dict) -> bool:
+    """The call carries a padded text batch and nothing else this forward would drop (``False`` flags drop
+    nothing: ``output_router_logits=False``, ``return_dict=True`` and the like)."""
+    ids, mask = given.get("input_ids"), given.get("attention_mask")
+    others = {name for name, value in given.items() if name not in _FLATTENED and value is not False}
+    return (not others - {"return_dict"} and ids is not None and mask is not None and ids.dim() == 2
             and mask.shape == ids.shape)
 
 
