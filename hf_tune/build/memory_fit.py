@@ -152,7 +152,8 @@ def activation_estimate(recipe: Recipe, decisions, base, tokens: int,
             padding_free=decisions.padding_free, lora=lora, fast_lora_dropout=recipe.model.fast_lora_dropout,
             chunked_loss=decisions.chunked_loss, checkpointing=decisions.checkpointing,
             checkpointing_kwargs=decisions.checkpointing_kwargs,
-            trl_fused_head=method_of(recipe.method).uses_trl)
+            # TRL's fused head, unless the pairs run flattened through hf_tune's chunked head (DPO's default)
+            trl_fused_head=method_of(recipe.method).uses_trl and not decisions.padding_free)
         try:
             return estimate_activations(setup, tokens, padding_ratio=padding_ratio)
         except Exception as error:  # an architecture the probe cannot build or run: the formula, said so
