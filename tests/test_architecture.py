@@ -7,8 +7,8 @@ import ast
 import re
 from pathlib import Path
 
-from conftest import REPO
 import launch
+from conftest import REPO
 
 PACKAGE = REPO / "hf_tune"
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import sys
 
-from hf_tune.commands.command_line import (configure_logging, launcher_parser, plain_progress_off_a_terminal,
-                                          user_errors)
+from hf_tune.commands.command_line import configure_logging, launcher_parser, plain_progress_off_a_terminal, user_errors
 
 plain_progress_off_a_terminal()  # before the libraries below load: tqdm reads it at its import
 
-from hf_tune.runtime.distributed import end_process_group
 from hf_tune.build.loading import load_recipe
+from hf_tune.runtime.distributed import end_process_group
 from hf_tune.search import format_summary, search
 
 
