@@ -17,6 +17,7 @@ from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_termi
 from hf_tune.commands.option_types import device_here, gpu_memory_gb, number, whole
 from hf_tune.redaction import redact_secrets
 from hf_tune.runtime.output_paths import Output, check_output, starts_with
+from hf_tune.runtime.process import settle_process
 
 
 def _validate(args) -> None:
@@ -392,6 +393,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     plain_progress_off_a_terminal()  # the verbs load their libraries inside, after this
+    settle_process()
     args = parser().parse_args(argv)
     with user_errors(args.debug):
         if args.output is not None and getattr(args, "out", None) is not None:  # before any work, for every verb

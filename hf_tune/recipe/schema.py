@@ -36,7 +36,7 @@ from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
 from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.catalog.tasks import DEFAULT_TASK, TASKS
 from hf_tune.recipe.resilience_section import ResilienceSection
-from hf_tune.recipe.search_section import SearchSection  # re-exported: the search sections' importers
+from hf_tune.recipe.search_section import Distribution, SearchSection  # noqa: F401  re-exported for their importers
 from hf_tune.recipe.section import Section as _Section
 
 METHOD_DEFAULTS = ", ".join(  # "preference for dpo and reward, ...": the formats the other methods read first

@@ -25,6 +25,7 @@ from hf_tune.lifecycle.tracking import tracking_scope
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 from hf_tune.runtime.distributed import check_distributed
+from hf_tune.runtime.process import settle_process
 from hf_tune.trainer.checkpoints import refuse_a_checkpoint_with_nothing_left, resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
 from hf_tune.trainer.monitors import monitors_of
@@ -39,7 +40,9 @@ logger = logging.getLogger("hf_tune")
 def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
     """Build everything from the recipe, train (resuming from the newest complete checkpoint unless the recipe says
     otherwise), and fill the run folder. Returns the trainer. ``callbacks``: the caller's, attached after hf_tune's.
-    A run stopped by SIGTERM / SIGUSR1 raises ``Preempted`` once its checkpoint is saved (the run is not finished)."""
+    A run stopped by SIGTERM / SIGUSR1 raises ``Preempted`` once its checkpoint is saved (the run is not finished).
+    Makes hf_tune's process-wide settings (``settle_process``), which importing hf_tune never makes."""
+    settle_process()
     started = now()
     args = build_training_arguments(recipe)
     run_dir = Path(args.output_dir)
