@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo experiment test test-floors test-gpu gpu-check bench clean-runs
+.PHONY: setup demo experiment lint test test-floors test-gpu gpu-check bench clean-runs
 
 setup: $(STAMP)
 
@@ -71,6 +71,10 @@ PYTEST_WORKERS ?= -n 2 --dist worksteal
 
 test: setup
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# ruff's lint and import order ([tool.ruff] in pyproject.toml); .ci/run runs it before the suite
+lint: setup
+	$(VENV)/bin/ruff check .
 
 # the GPU suite (tests/gpu, marker gpu): skipped where CUDA is unavailable
 test-gpu: setup

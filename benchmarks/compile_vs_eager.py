@@ -60,8 +60,8 @@ def main() -> None:
     print("| setup | tok/s, steps 4+ | tok/s, whole run | compile time s |")
     print("|---|---|---|---|")
     print(f"| eager | {rate(eager[WARM:]):.0f} | {rate(eager):.0f} | |")
-    print(f"| torch.compile (inductor), automatic dynamic shapes | {rate(compiled[WARM:]):.0f} | {rate(compiled):.0f} | "
-          f"{compile_seconds(compiled, WARM):.0f} |")
+    print(f"| torch.compile (inductor), automatic dynamic shapes | {rate(compiled[WARM:]):.0f} | "
+          f"{rate(compiled):.0f} | {compile_seconds(compiled, WARM):.0f} |")
     print(f"| torch.compile (inductor), dynamic=True | {rate(dynamic[WARM:]):.0f} | {rate(dynamic):.0f} | "
           f"{compile_seconds(dynamic, 1):.0f} |")
     for name, entries in (("eager", eager), ("compiled", compiled), ("dynamic=True", dynamic)):

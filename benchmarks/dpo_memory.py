@@ -250,8 +250,8 @@ def head_alone(rows: int, sequence: int) -> dict:
     import torch
     from transformers import AutoConfig
     from trl.kernels import ChunkedLogProbFunction
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
     from hf_tune.model.loading import resolve_model_path
 

@@ -103,7 +103,8 @@ def grpo_child(seed: int, work: Path) -> dict:
 
     recipe = load_recipe(REPO / "recipes" / "llm_grpo.yaml", [f"training.output_dir={work / f'grpo{seed}'}",
                                                                f"training.seed={seed}", "training.logging_steps=1",
-                                                               "training.save_strategy=no", "training.disable_tqdm=true"])
+                                                               "training.save_strategy=no",
+                                                               "training.disable_tqdm=true"])
     trainer = build_run(recipe).trainer
     trainer.train()
     rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]

@@ -1,8 +1,8 @@
 """Does `plan` hold at real size? An 8B-shaped model trained on one GPU, measured against plan's figure for the same
 recipe, then TRL + Liger on the same model, data and steps, side by side.
 
-    python benchmarks/gpu_scale.py                 # one GPU, about 6 minutes on an H100 / H200, no network
-    python benchmarks/gpu_scale.py --tiny          # the same path on a 2-layer, 256-wide copy (CPU or GPU): a smoke test
+    python benchmarks/gpu_scale.py                # one GPU, about 6 minutes on an H100 / H200, no network
+    python benchmarks/gpu_scale.py --tiny         # the same path on a 2-layer, 256-wide copy (CPU or GPU): a smoke test
 
 The model is Llama-3.1-8B's shape (hf_tune's shipped config.json), random weights created on the GPU in bf16: nothing
 is downloaded; SmolLM2's tokenizer (whose ids all fall inside Llama-3.1's vocabulary) makes the chats' tokens. The
@@ -85,12 +85,12 @@ def run_setup(setup: str, ns) -> dict:
 
     from hf_tune import load_recipe
     from hf_tune.build.run_build import build_trainer
-    from hf_tune.training_args import build_training_arguments
-    from hf_tune.workflows.plan import plan
     from hf_tune.data import build_training_data
     from hf_tune.model.attention import loaded_attn_implementation
     from hf_tune.model.attention_choice import apply_attention
     from hf_tune.model.loading import build_tokenizer, wrap_lora
+    from hf_tune.training_args import build_training_arguments
+    from hf_tune.workflows.plan import plan
 
     out = ns.work / setup
     shutil.rmtree(out, ignore_errors=True)

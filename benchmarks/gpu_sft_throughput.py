@@ -18,9 +18,9 @@ standard-library docstrings), each in its own process, one after the other:
 - hf_tune_liger: hf_tune with ``training.use_liger_kernel`` (Liger's layer kernels; the loss stays hf_tune's).
 
 Reported: real tokens per second over the epoch (counted by hf_tune's tokenization of the same chats, so every setup
-divides the same number) and its ratio to hf_tune, peak GPU memory, mean training loss, MFU (hf_tune.trainer.throughput's
-FLOP count over the card's data-sheet bf16 peak) and the attention each setup ran. The table goes to stdout and to
---out; copy it into benchmarks/RESULTS.md with the card's name.
+divides the same number) and its ratio to hf_tune, peak GPU memory, mean training loss, MFU
+(hf_tune.trainer.throughput's FLOP count over the card's data-sheet bf16 peak) and the attention each setup ran. The
+table goes to stdout and to --out; copy it into benchmarks/RESULTS.md with the card's name.
 """
 
 from __future__ import annotations
@@ -90,9 +90,10 @@ def run_setup(setup: str, model_dir: Path, train: Path, out: Path) -> dict:
 
     import torch
 
-    from hf_tune import build_datasets, load_recipe, train as hf_train
-    from hf_tune.model.loading import build_tokenizer
+    from hf_tune import build_datasets, load_recipe
+    from hf_tune import train as hf_train
     from hf_tune.model.attention import loaded_attn_implementation
+    from hf_tune.model.loading import build_tokenizer
 
     shutil.rmtree(out, ignore_errors=True)
     recipe = load_recipe(recipe_dict(model_dir, train, out, setup))
@@ -151,9 +152,9 @@ def run_in_subprocess(setup: str, ns) -> dict:
 
 
 def render(results: list[dict], ns) -> str:
-    from hf_tune.trainer.peak_flops import gpu_peak_flops
-
     import torch
+
+    from hf_tune.trainer.peak_flops import gpu_peak_flops
 
     done = [r for r in results if "failed" not in r]
     base = next((r for r in done if r["setup"] == "hf_tune"), done[0] if done else None)
@@ -186,7 +187,8 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2000, help="training chats (one epoch)")
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--hidden", type=int, default=1536, help="a multiple of 128 (head_dim 128)")
-    parser.add_argument("--setups", default="hf_tune,trl_fastest,trl_liger", help=f"comma-separated, from {', '.join(SETUPS)}")
+    parser.add_argument("--setups", default="hf_tune,trl_fastest,trl_liger",
+                        help=f"comma-separated, from {', '.join(SETUPS)}")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_gpu")
     parser.add_argument("--out", type=Path, help="where the table goes (default: WORK/gpu_sft_throughput.md)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one setup in this process

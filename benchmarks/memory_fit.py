@@ -45,9 +45,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=list(BUDGETS))
     ns = parser.parse_args()
+    from conftest import save_tiny_llama
     from transformers import AutoTokenizer
 
-    from conftest import save_tiny_llama
     from hf_tune.model.embedded import embedded_model_path
 
     work = Path(tempfile.mkdtemp(prefix="memory_fit_"))

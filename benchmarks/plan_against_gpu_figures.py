@@ -44,8 +44,8 @@ def model_folder(folder: Path) -> Path:
 
 def main() -> None:
     from hf_tune import load_recipe
-    from hf_tune.workflows.plan import plan
     from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
+    from hf_tune.workflows.plan import plan
 
     work = HERE.parent / "runs" / "plan_against_gpu"
     train, _ = write_data(work / "data", 2000)

@@ -26,9 +26,9 @@ def timed_plan() -> tuple[float, float]:
     """Seconds and peak RSS (GB) of ``hf-tune plan`` in a fresh process, the Hub off."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "hf_tune.commands.cli", "plan", str(RECIPE), "--world-size", str(WORLD),
-                              "--out", "/tmp/hf_tune_plan_bench"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-m", "hf_tune.commands.cli", "plan", str(RECIPE),
+                              "--world-size", str(WORLD), "--out", "/tmp/hf_tune_plan_bench"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
     if status:

@@ -26,9 +26,9 @@ HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "datasets")
 
 def train_two_runs(scratch: Path) -> list[Path]:
     sys.path.insert(0, str(REPO / "tests"))
+    from conftest import chat_recipe, save_tiny_llama
     from transformers import AutoTokenizer
 
-    from conftest import chat_recipe, save_tiny_llama
     from hf_tune import load_recipe, train
     from hf_tune.model.embedded import embedded_model_path
 
@@ -56,7 +56,7 @@ def heavy_imports(verb: list[str]) -> list[str]:
             "    main()\nexcept SystemExit:\n    pass\n"
             f"print('\\nLOADED', *sorted(m for m in sys.modules if m in {HEAVY!r}))")
     done = subprocess.run([sys.executable, "-c", code, *verb], capture_output=True, text=True, cwd=REPO)
-    line = [l for l in done.stdout.splitlines() if l.startswith("LOADED")]
+    line = [text for text in done.stdout.splitlines() if text.startswith("LOADED")]
     return line[-1].split()[1:] if line else ["?"]
 
 

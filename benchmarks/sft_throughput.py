@@ -11,11 +11,11 @@ it on an idle machine). Two data sets, one table each (`--data`): `ours`, chats 
 Python's standard library (20 to 1,024 tokens, mean about 120; LoRA dropout 0.05), and `foreign`, a set we did not
 shape: another domain (the installed packages' own README text, from their METADATA, one section per chat, as the
 authors wrote it) behind short questions, with LoRA dropout 0. Reported: real (non-pad) tokens per second over the
-epoch, its ratio to hf_tune, peak RSS,
-the mean training loss, the loss on 32 held-out chats, and MFU: the FLOPs the training needs (hf_tune.trainer.throughput's
-count, identical for every setup) over the measured matmul peak. On a 2-core CPU the default run takes about 45
-minutes per data set (TRL's defaults 16, the padded batch-8 run 8 before the OOM killer stops it); `--setups` picks
-fewer. The `hf_tune_*` setups are the default recipe with one key changed, to measure a switch in the same run.
+epoch, its ratio to hf_tune, peak RSS, the mean training loss, the loss on 32 held-out chats, and MFU: the FLOPs the
+training needs (hf_tune.trainer.throughput's count, identical for every setup) over the measured matmul peak. On a
+2-core CPU the default run takes about 45 minutes per data set (TRL's defaults 16, the padded batch-8 run 8 before the
+OOM killer stops it); `--setups` picks fewer. The `hf_tune_*` setups are the default recipe with one key changed, to
+measure a switch in the same run.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import argparse
 import datetime
 import inspect
 import json
-import platform
 import pkgutil
+import platform
 import random
 import re
 import resource
@@ -170,7 +170,8 @@ def run_setup(setup: str, train: Path, evaluation: Path, out: Path, data: str = 
     import torch
     from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, Trainer, TrainingArguments
 
-    from hf_tune import build_datasets, build_model_and_tokenizer, load_recipe, train as hf_train
+    from hf_tune import build_datasets, build_model_and_tokenizer, load_recipe
+    from hf_tune import train as hf_train
     from hf_tune.data import causal_lm_loss
     from hf_tune.data.collator import CausalLMCollator
     from hf_tune.data.packing import pack_by_token_budget
@@ -212,7 +213,8 @@ def run_setup(setup: str, train: Path, evaluation: Path, out: Path, data: str = 
         model, metrics = trainer.model, trainer.state.log_history[-1]
     tokens = sum(len(ids) for ids in trained_set["input_ids"])
     trained = sum(sum(1 for a in labels[1:] if a != -100) for labels in trained_set["labels"])
-    return {"setup": setup, "tokens": tokens, "trained_tokens": trained, "seconds": metrics["train_runtime"], "train_loss": metrics["train_loss"],
+    return {"setup": setup, "tokens": tokens, "trained_tokens": trained, "seconds": metrics["train_runtime"],
+            "train_loss": metrics["train_loss"],
             "eval_loss": held_out_loss(model, tokenizer, eval_set), "flops": needed_flops(model, trained_set),
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "threads": torch.get_num_threads()}
@@ -263,7 +265,8 @@ def held_out_loss(model, tokenizer, eval_set) -> float:
 
 
 def needed_flops(model, trained_set) -> float:
-    """FLOPs that one epoch of training needs: the LM head on trained positions only (hf_tune.trainer.throughput's count)."""
+    """FLOPs that one epoch of training needs: the LM head on trained positions only (hf_tune.trainer.throughput's
+    count)."""
     from hf_tune.trainer.throughput import model_flops
 
     flops = model_flops(model, causal=True)
@@ -303,8 +306,9 @@ def main() -> None:
                            data_sets[0])
         (work / f"{ns.run}.last.json").write_text(json.dumps(result))
         return
-    from hf_tune.trainer.peak_flops import measured_peak_flops
     import torch
+
+    from hf_tune.trainer.peak_flops import measured_peak_flops
 
     peak = measured_peak_flops(torch.device("cpu"), torch.float32)
     tables = [measure(data, setups, peak, ns) for data in data_sets]

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 from conftest import chat_recipe, free_port  # noqa: E402
+
 from hf_tune.trainer.checkpoints import last_complete_checkpoint  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -15,8 +15,8 @@ TOKEN_VALUE = re.compile(r"(?<![/\w])(hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,})
 NAME_MAPS = re.compile(r"_pattern$")
 SECRET_KEY = re.compile(r"(^|_)(token|secret|password|passwd|api_?key|key|credentials?)$", re.IGNORECASE)
 # Credentials in a URL, in any link of an fsspec chain (simplecache::s3://...): userinfo with a password
-# (scheme://user:password@, whatever the password holds, "/" and "@" included: up to the last "@" of the word), and query values of secret-named keys
-# (?X-Amz-Signature=..., &access_key=..., ?sas_token=...).
+# (scheme://user:password@, whatever the password holds, "/" and "@" included: up to the last "@" of the word), and
+# query values of secret-named keys (?X-Amz-Signature=..., &access_key=..., ?sas_token=...).
 URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^\s@/:]*):(?P<password>\S*)@")
 URL_QUERY_SECRET = re.compile(r"(?P<key>[?&][^=&\s#]*(?:key|secret|token|password|signature|sig|credential)"
                               r"[^=&\s#]*=)(?P<value>[^&\s#]*)", re.IGNORECASE)

@@ -10,13 +10,13 @@ import os
 
 from transformers import TrainingArguments
 
-from hf_tune.runtime.distributed import accelerator_available
-from hf_tune.runtime.ds_config import init_cpu_deepspeed, load_deepspeed_config, refuse_stale_extension_locks
-from hf_tune.errors import RecipeError
 from hf_tune.catalog.methods import method_of
+from hf_tune.errors import RecipeError
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
+from hf_tune.runtime.distributed import accelerator_available
+from hf_tune.runtime.ds_config import init_cpu_deepspeed, load_deepspeed_config, refuse_stale_extension_locks
 
 logger = logging.getLogger(__name__)
 
@@ -129,4 +129,5 @@ def build_training_arguments(recipe: Recipe) -> TrainingArguments:
     try:
         return method_of(recipe.method).config(**kwargs)
     except (ValueError, TypeError, ImportError) as err:
-        raise RecipeError(blame_key("training", recipe.training, str(err)), f"TrainingArguments refused it: {err}") from err
+        raise RecipeError(blame_key("training", recipe.training, str(err)),
+                          f"TrainingArguments refused it: {err}") from err

@@ -8,10 +8,9 @@ import socket
 import subprocess
 from pathlib import Path
 
+import launch
 import pytest
 import yaml
-
-import launch
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"

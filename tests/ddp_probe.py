@@ -10,9 +10,8 @@ from pathlib import Path
 import torch
 
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
-from hf_tune.runtime.distributed import check_distributed
 from hf_tune.errors import HfTuneError
-from hf_tune.runtime.distributed import end_process_group
+from hf_tune.runtime.distributed import check_distributed, end_process_group
 
 recipe = load_recipe(sys.argv[1])
 args = build_training_arguments(recipe)

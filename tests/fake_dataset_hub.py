@@ -15,7 +15,8 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse, unquote
+from urllib.parse import unquote, urlparse
+
 
 class DatasetHub:
     def __init__(self, repos, models=None, gated=None, invalid_tokens=()):

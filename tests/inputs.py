@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 import yaml
-
 from conftest import chat_recipe
 
 BASE_LR, WD = 1e-3, 0.05  # the LR and weight decay the optimizer-group tests build with

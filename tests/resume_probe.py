@@ -11,8 +11,8 @@ from transformers import TrainerCallback
 
 from hf_tune import load_recipe
 from hf_tune.commands.command_line import configure_logging
-from hf_tune.workflows.train import train
 from hf_tune.runtime.distributed import end_process_group
+from hf_tune.workflows.train import train
 
 
 def example_ids(batch) -> list:

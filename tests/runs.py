@@ -14,12 +14,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import launch
 import torch
 import yaml
-from safetensors.torch import load_file
-
-import launch
 from conftest import REPO, chat_recipe
+from safetensors.torch import load_file
 
 CRASH_STEPS, CRASH_SAVES = 12, 3  # two complete checkpoints (3, 6) before a kill at 6 still leaves steps to resume
 

@@ -7,12 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM, TrainingArguments)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    TrainingArguments,
+)
 
 from hf_tune.build.run_build import causal_loss
-from hf_tune.model.loss import is_chunked
 from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, probe_lengths, width_fit
+from hf_tune.model.loss import is_chunked
 from hf_tune.model.moe import moe_lora
 from hf_tune.recipe import validate_recipe
 from hf_tune.trainer.hooks import HfTuneTrainer

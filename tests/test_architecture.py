@@ -4,11 +4,13 @@ only, no import cycle among hf_tune's modules, and ``import hf_tune`` stays ligh
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
 from pathlib import Path
 
-from conftest import REPO
 import launch
+from conftest import REPO
 
 PACKAGE = REPO / "hf_tune"
 
@@ -94,11 +96,27 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_importing_hf_tune_loads_no_heavy_library():
-    code = ("import sys, hf_tune; heavy = ('torch', 'transformers', 'optuna', 'deepspeed', 'wandb', 'datasets'); "
-            "print(sorted(name for name in heavy if name in sys.modules))")
-    result = launch.run("python", "-c", code, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]
+def test_importing_hf_tune_loads_no_heavy_library_and_changes_nothing_in_the_process():
+    code = ("import json, logging, os, sys, warnings\n"
+            "def state():\n"
+            "    loggers = {name: len(logger.filters) for name, logger in logging.root.manager.loggerDict.items()\n"
+            "               if isinstance(logger, logging.Logger)}\n"
+            "    return {'env': dict(os.environ), 'warnings': [repr(f) for f in warnings.filters],\n"
+            "            'root': [logging.root.level, len(logging.root.handlers)], 'loggers': loggers}\n"
+            "before = state()\n"
+            "import hf_tune\n"
+            "imported = state()\n"
+            "from hf_tune.runtime.process import settle_process\n"
+            "settle_process()\n"
+            "heavy = ('torch', 'transformers', 'optuna', 'deepspeed', 'wandb', 'datasets')\n"
+            "print(json.dumps([sorted(name for name in heavy if name in sys.modules), before == imported,\n"
+            "                  state()['env'].get('MKL_CBWR'), before['warnings'] != state()['warnings']]))")
+    result = launch.run("python", "-c", code, timeout=120,
+                        base_env={k: v for k, v in os.environ.items() if k != "MKL_CBWR"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    # no heavy library loaded and nothing changed by the import; settle_process (the entry points', train's) makes
+    # the settings
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [[], True, "AUTO,STRICT", True]
 
 
 ARCHITECTURE = REPO / "docs" / "architecture.md"

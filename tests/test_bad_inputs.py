@@ -8,17 +8,16 @@ import importlib.util
 import re
 from pathlib import Path
 
-import pytest
-
 import launch
-from vision_inputs import tiny_vlm  # noqa: F401  (a fixture: the vision cases' model)
+import pytest
 import yaml
+from vision_inputs import tiny_vlm  # noqa: F401  (a fixture: the vision cases' model)
 
-from hf_tune.errors import RecipeError
 from hf_tune.catalog.methods import METHODS
+from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES
+from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import SECTIONS
 from hf_tune.run import main
-from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 

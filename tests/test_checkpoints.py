@@ -9,15 +9,15 @@ import shutil
 import signal
 from pathlib import Path
 
+import launch
 import pytest
 import yaml
-
 from conftest import chat_recipe, free_port, nan_model
-import launch
 from runs import assert_same_run, crash_recipe, kill_after_checkpoint, run_to_end, step_losses, wait_for
+
 from hf_tune import load_recipe, train
-from hf_tune.trainer.checkpoints import MARKER, is_complete
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.trainer.checkpoints import MARKER, is_complete
 
 SECRET = "hf_SECRETtoken1234567890abcdefghijklmnop"  # the shape of a real token: hf_ and 34 characters
 

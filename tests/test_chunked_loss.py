@@ -6,14 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GraniteConfig,
-                          GraniteForCausalLM, LlamaConfig, LlamaForCausalLM, LlamaModel)
-
 from conftest import DATA, chat_recipe
+from transformers import (
+    CohereConfig,
+    CohereForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+
 from hf_tune import build_run, load_recipe
-from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
 from hf_tune.errors import RecipeError
 from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, hidden_state_inputs
+from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
 
 SMALL = dict(vocab_size=101, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
              num_key_value_heads=1, head_dim=8)

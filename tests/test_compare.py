@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
+from conftest import chat_recipe
 from matplotlib import image
 
-from conftest import chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main as hf_tune_cli
 from hf_tune.search.compare import collect_runs, compare_runs, plot_comparison
@@ -84,8 +84,9 @@ def ray_study(tmp_path_factory, tiny_llama_dir):
     """A tiny Ray Tune study (two trials, one after another), on the local Ray of tests/test_search_ray.py when it
     runs in this session, else on one started here."""
     ray = pytest.importorskip("ray")
-    from hf_tune import search
     from inputs import ray_recipe
+
+    from hf_tune import search
 
     started = not ray.is_initialized()
     if started:

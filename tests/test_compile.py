@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from conftest import chat_recipe
 from transformers import TrainerCallback
 
-from conftest import chat_recipe
 from hf_tune import build_run, load_recipe
 
 

@@ -184,8 +184,8 @@ def test_a_changed_tokenizer_never_reuses_a_stale_tokenization_cache(tmp_path, s
 def test_a_recipe_chat_template_is_used_when_the_tokenizer_has_none(tmp_path, tiny_llama_dir, smol_tokenizer):
     import copy
 
-    from hf_tune.model.loading import build_tokenizer
     from hf_tune import load_recipe
+    from hf_tune.model.loading import build_tokenizer
 
     bare = copy.deepcopy(smol_tokenizer)
     bare.chat_template = None
@@ -212,8 +212,8 @@ def test_data_seed_is_training_data_seed_zero_included_else_seed(tmp_path, tiny_
     held-out eval examples are the ones datasets' own seeded split picks."""
     from datasets import Dataset
 
-    from hf_tune.data import build_datasets, data_seed
     from hf_tune import load_recipe
+    from hf_tune.data import build_datasets, data_seed
 
     rows = [{"text": f"example number {i}"} for i in range(40)]
     path = write_jsonl(tmp_path / "d.jsonl", rows)

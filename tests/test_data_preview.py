@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import chat_recipe
 
-from conftest import chat_recipe, write_recipe
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main
 from hf_tune.commands.data_preview import data_preview

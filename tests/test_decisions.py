@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
-
-import launch
 from conftest import REPO, chat_recipe
 
 from hf_tune import load_recipe
@@ -126,8 +125,8 @@ def test_a_qlora_plan_computes_in_float32_where_the_compute_dtype_is_left_unset(
 def test_arguments_are_built_once_and_the_launch_checked_once_per_run(tiny_llama_dir, tmp_path, monkeypatch):
     import transformers
 
-    import hf_tune.runtime.distributed as distributed
     import hf_tune.build.run_build as run_build
+    import hf_tune.runtime.distributed as distributed
     import hf_tune.workflows.train as workflow
 
     recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=1))  # preflight builds its own

@@ -9,12 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import launch
 import pytest
 import yaml
-
 from conftest import REPO, chat_recipe, free_port
 from inputs import WD, expected
-import launch
+
 from hf_tune import build_training_arguments, load_recipe
 from hf_tune.errors import HfTuneError
 

@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, chat_recipe, free_port
-import launch
 from runs import assert_data_parallel, run_ranks, small_recipe
 
 BIN = Path(sys.executable).parent

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from conftest import chat_recipe
 import launch
+import pytest
+from conftest import chat_recipe
+
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.tracking import TRACKER_ENV
@@ -257,5 +257,5 @@ def test_eval_watch_scores_each_checkpoint_of_a_run_in_progress_and_report_plots
 
     from hf_tune.lifecycle.report import watched_scores, write_report
 
-    assert [e[f"{METRIC} (checkpoint)"] for e in watched_scores(run_dir)] == [l["scores"][METRIC] for l in lines]
+    assert [e[f"{METRIC} (checkpoint)"] for e in watched_scores(run_dir)] == [line["scores"][METRIC] for line in lines]
     assert run_dir / "eval_metrics.png" in write_report(run_dir)  # the run logs no eval metric of its own

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from conftest import DATA
 from torch import nn
 
-from conftest import DATA
 from hf_tune import build_model_and_tokenizer, load_recipe
 from hf_tune.model.dropout import FastDropout
 

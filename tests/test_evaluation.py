@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import DATA, REPO, chat_recipe
+
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
 from hf_tune.evaluation.trainer_metrics import build_compute_metrics

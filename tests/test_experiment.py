@@ -8,11 +8,10 @@ import importlib.util
 import json
 
 import pytest
-from safetensors.torch import load_file
-
 from conftest import REPO
 from fake_hub import FakeHub
 from inputs import TOKEN
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +24,8 @@ def experiment_script():
 
 
 def test_the_experiment_searches_kills_resumes_reproduces_and_pushes(tmp_path, tiny_llama_dir, monkeypatch, capsys):
-    from huggingface_hub import constants
-
     import launch
+    from huggingface_hub import constants
 
     monkeypatch.chdir(REPO)  # the recipe names its data relative to the checkout, as a user runs it
     monkeypatch.setenv("HF_TOKEN", TOKEN)

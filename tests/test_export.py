@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from chat_templates import family_tokenizer
 from safetensors.torch import load_file
 
-from chat_templates import family_tokenizer
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.export import export
 from hf_tune.model.ollama_template import turn_parts

@@ -9,10 +9,9 @@ import json
 import pytest
 import torch
 import yaml
+from conftest import REPO
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from trl.trainer.utils import add_fused_lm_head
-
-from conftest import REPO
 
 from hf_tune import load_recipe
 from hf_tune.model import flat_pairs

@@ -8,14 +8,14 @@ import typing
 import pytest
 from pydantic import ValidationError
 
+from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
+from hf_tune.catalog.methods import METHODS
+from hf_tune.catalog.tasks import TASKS
 from hf_tune.data.formats import check_columns
 from hf_tune.data.preference import load_method_data
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_example
 from hf_tune.errors import RecipeError
-from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
-from hf_tune.catalog.methods import METHODS
 from hf_tune.recipe.schema import DataSection, DatasetSource
-from hf_tune.catalog.tasks import TASKS
 
 USER, ASSISTANT = "user", "assistant"
 

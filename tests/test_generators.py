@@ -9,13 +9,13 @@ import random
 import shutil
 from pathlib import Path
 
+import launch
 import numpy as np
 import pytest
 import torch
+from conftest import DATA, REPO, chat_recipe
 from safetensors.torch import load_file
 
-import launch
-from conftest import DATA, REPO, chat_recipe
 from hf_tune import load_recipe
 from hf_tune.build.run_build import build_run
 from hf_tune.workflows.train import train

@@ -10,20 +10,20 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
-from huggingface_hub import constants
-
 from conftest import SMOLLM2, chat_recipe
-from inputs import TOKEN, front_matter
-import launch
 from fake_hub import FakeHub
+from huggingface_hub import constants
+from inputs import TOKEN, front_matter
+
 from hf_tune import load_recipe, train
-from hf_tune.model.embedded import EMBEDDED_MODELS, locate_embedded
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.hub import push
 from hf_tune.lifecycle.model_card import base_model_id
+from hf_tune.model.embedded import EMBEDDED_MODELS, locate_embedded
 
 HOST = "hf-tune-test-host-5e1f09"  # the host name the module's run records: distinctive, so a search for it is fair
 SMOL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

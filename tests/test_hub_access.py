@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from huggingface_hub import constants, hf_hub_download
-
 from conftest import DATA, chat_recipe
 from fake_dataset_hub import DatasetHub
+from huggingface_hub import constants, hf_hub_download
+
 from hf_tune import load_recipe
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.runtime.network import hub_is_reachable

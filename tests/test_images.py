@@ -9,13 +9,14 @@ import re
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import REPO
-from vision_inputs import (DECAY, LEARNING_RATE, SHAPE_COLOURS as COLOURS, VIT_LAYERS, draw, overrides,
-                           save_tiny)
+from PIL import Image
+from vision_inputs import DECAY, LEARNING_RATE, VIT_LAYERS, draw, overrides, save_tiny
+from vision_inputs import SHAPE_COLOURS as COLOURS
+
 from hf_tune import load_recipe, train
 from hf_tune.errors import RecipeError
+
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
@@ -141,7 +142,8 @@ def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
 
 def test_images_held_as_bytes_with_renamed_columns_load_and_a_corrupt_one_is_named_by_row(tmp_path):
     """A Parquet file of image bytes, as Hub image datasets are stored, read through ``columns``."""
-    from datasets import Dataset, Image as ImageFeature
+    from datasets import Dataset
+    from datasets import Image as ImageFeature
 
     from hf_tune.data.images import image_examples
     from hf_tune.data.loading import load_source

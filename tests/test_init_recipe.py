@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from conftest import DATA
 
 MACHINES = [(1, 24), (1, 80), (8, 80)]
@@ -16,8 +15,8 @@ MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-
 @pytest.mark.parametrize("model", MODELS)
 def test_init_writes_recipes_that_plan_within_the_machine(model, offline, tmp_path):
     from hf_tune import load_recipe
-    from hf_tune.errors import HfTuneError
     from hf_tune.commands.init_recipe import write_recipe
+    from hf_tune.errors import HfTuneError
     from hf_tune.workflows.plan import plan
 
     written = 0

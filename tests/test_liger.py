@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import chat_recipe
 
 pytest.importorskip("liger_kernel")

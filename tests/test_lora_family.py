@@ -12,8 +12,8 @@ import re
 
 import pytest
 import torch
-
 from conftest import chat_recipe
+
 from hf_tune import build_run, load_recipe
 from hf_tune.errors import HfTuneError
 

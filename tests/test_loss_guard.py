@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import TrainerCallback
-
 from conftest import chat_recipe
+from transformers import TrainerCallback
 
 
 class PlantNaN(TrainerCallback):

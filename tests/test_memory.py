@@ -8,7 +8,6 @@ import re
 
 import pytest
 import torch
-
 from conftest import REPO
 
 SCALE = sorted((REPO / "recipes" / "scale").glob("*.yaml"))

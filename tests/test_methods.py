@@ -8,18 +8,19 @@ import math
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-
 from conftest import DATA, REPO, nan_model
 from inputs import PAIRS, conversational_pairs, method_recipe, write_jsonl
-import launch
+
 from hf_tune import load_recipe, train
 from hf_tune.build.run_build import build_run
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe import read_recipe
+
 
 def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry]
@@ -309,9 +310,8 @@ def test_reference_log_probabilities_are_reused_across_runs_and_adapters(tmp_pat
 
 @pytest.mark.slow
 def test_dpo_killed_between_checkpoints_resumes_to_the_same_adapter_and_losses(tmp_path, tiny_llama_dir):
-    from safetensors.torch import load_file
-
     from runs import kill_after_checkpoint, run_to_end, step_losses
+    from safetensors.torch import load_file
 
     data = conversational_pairs(tmp_path / "p.jsonl")
 
@@ -463,9 +463,8 @@ def test_a_reward_model_run_merges_to_a_one_score_classifier(tmp_path, tiny_llam
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_two_process_deepspeed_dpo_with_lora_trains_the_whole_adapter(tmp_path, tiny_llama_dir, stage):
 
-    from safetensors.torch import load_file
-
     from runs import step_losses
+    from safetensors.torch import load_file
 
     raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
                         max_steps=3, deepspeed=stage, per_device_train_batch_size=1, learning_rate=1e-2)

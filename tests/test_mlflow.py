@@ -12,17 +12,17 @@ import time
 import uuid
 from pathlib import Path
 
+import launch
 import pytest
 import yaml
-
 from conftest import chat_recipe
-import launch
+
 from hf_tune import load_recipe, train
-from hf_tune.trainer.checkpoints import is_complete
 from hf_tune.commands.cli import main as hf_tune_cli
 from hf_tune.lifecycle.lineage import flat_lineage, read_lineage
 from hf_tune.lifecycle.model_card import render_model_card
 from hf_tune.lifecycle.tracking import TRACKER_ENV
+from hf_tune.trainer.checkpoints import is_complete
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 

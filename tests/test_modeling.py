@@ -7,8 +7,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import DATA, SMOLLM2
+
 from hf_tune import build_model_and_tokenizer, load_recipe
 from hf_tune.model.embedded import embedded_model_path
 

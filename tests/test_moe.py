@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 import yaml
-
 from conftest import DATA, chat_recipe
+
 from hf_tune import load_recipe, train
 from hf_tune.errors import RecipeError
 

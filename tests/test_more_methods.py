@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import REPO, save_tiny_llama
-from inputs import PAIRS, conversational_pairs, method_recipe, write_jsonl
+from inputs import conversational_pairs, method_recipe, write_jsonl
+
 from hf_tune import load_recipe
 from hf_tune.build.run_build import build_run
 from hf_tune.errors import RecipeError
@@ -359,10 +359,9 @@ def test_under_zero3_the_teacher_is_partitioned_over_the_ranks_and_frozen(tmp_pa
     the run trains with LoRA on the student."""
     import json
 
+    import launch
     import yaml
     from transformers import AutoModelForCausalLM
-
-    import launch
 
     raw = distillation_recipe(tmp_path, tiny_llama_dir, teacher_dir, per_device_train_batch_size=2, max_steps=2,
                               deepspeed="zero3")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import chat_recipe, save_tiny_llama
+
 from hf_tune import load_recipe, train
 from hf_tune.catalog.templates import fitting_templates, template_names
 from hf_tune.commands.data_preview import data_preview

@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 
 import huggingface_hub
 import pytest
-from huggingface_hub import constants
-
 from conftest import free_port
 from fake_hub import FakeHub
+from huggingface_hub import constants
+
 from hf_tune.lifecycle import hub, wandb_run
 from hf_tune.lifecycle.wandb_run import wandb_base_url, wandb_can_sync
 

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 import torch
-
 from chat_templates import LLAMA3
 from conftest import chat_recipe
+
 from hf_tune import build_run, load_recipe
 
 MARKERS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

@@ -9,19 +9,26 @@ from __future__ import annotations
 import json
 import math
 
+import launch
 import pytest
 import torch
-from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, TrainerCallback, TrainingArguments)
-
 from conftest import DATA, chat_recipe
 from inputs import BASE_LR, WD, expected
-import launch
-from hf_tune.errors import HfTuneError
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    TrainerCallback,
+    TrainingArguments,
+)
+
 from hf_tune import load_recipe
+from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer.hooks import HfTuneTrainer
-
 
 
 def tiny_llama():
@@ -115,9 +122,8 @@ class RecordLr(TrainerCallback):
 
 
 def run_tiny_llrd(tiny_llama_dir, out, recorder, max_steps, accumulation=1, resume=None, save_steps=None):
+    from hf_tune.build.run_build import build_model_and_tokenizer, build_trainer
     from hf_tune.data import build_datasets
-    from hf_tune.build.run_build import build_model_and_tokenizer
-    from hf_tune.build.run_build import build_trainer
     from hf_tune.training_args import build_training_arguments
 
     raw = chat_recipe(tiny_llama_dir, out, max_steps=max_steps, learning_rate=BASE_LR, warmup_steps=4,
@@ -227,9 +233,8 @@ def test_deepspeed_zero2_steps_the_llrd_groups(tmp_path, tiny_llama_dir):
     """Single-process DeepSpeed on CPU (the multi-process runs belong to the DeepSpeed launcher tests)."""
     import collections
 
-    from transformers import AutoModelForCausalLM
-
     from conftest import REPO
+    from transformers import AutoModelForCausalLM
 
     config = tmp_path / "zero2.json"  # no optimizer / scheduler block: Trainer builds both, DeepSpeed steps them
     config.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",

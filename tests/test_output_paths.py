@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, REPO
+
 from hf_tune.commands.cli import VERBS, main
 from hf_tune.commands.generate import generate_file
 

@@ -9,10 +9,9 @@ import re
 import sys
 import tomllib
 
-import torch
-
-from conftest import REPO
 import launch
+import torch
+from conftest import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -63,8 +62,8 @@ def test_the_license_is_the_apache_2_text_pyproject_names():
 
 def test_caches_follow_hf_tune_cache_then_xdg_cache_home(tmp_path, monkeypatch):
     from hf_tune.model.embedded import cache_dir
-    from hf_tune.trainer.reference import reference_cache_dir
     from hf_tune.trainer.peak_flops import measured_peak_flops
+    from hf_tune.trainer.reference import reference_cache_dir
 
     monkeypatch.delenv("HF_TUNE_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)

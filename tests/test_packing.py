@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import DATA, chat_recipe
 from inputs import make_examples
 
@@ -224,8 +223,8 @@ def test_sdpa_varlen_runs_each_flattened_example_apart_forward_and_backward(tiny
     on 2 key-value heads)."""
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.model.attention import NAME
     from hf_tune.data.collator import CausalLMCollator
+    from hf_tune.model.attention import NAME
     from hf_tune.model.loss import causal_lm_loss
 
     examples = make_examples(LENGTHS, seed=2)
@@ -263,8 +262,8 @@ def test_sdpa_varlen_is_plain_sdpa_on_padded_batches(tiny_llama_dir, smol_tokeni
     transformers' SDPA with its padding mask: the same logits at every real position."""
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.model.attention import NAME
     from hf_tune.data.collator import CausalLMCollator
+    from hf_tune.model.attention import NAME
 
     batch = CausalLMCollator(smol_tokenizer, padding_free=False, trainable_logits_only=False)(
         make_examples(LENGTHS, seed=3))
@@ -308,8 +307,8 @@ def test_sdpa_varlen_keeps_a_sliding_window_exact(tmp_path, smol_tokenizer, wind
     transformers' SDPA with its windowed block mask)."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-    from hf_tune.model.attention import NAME
     from hf_tune.data.collator import CausalLMCollator
+    from hf_tune.model.attention import NAME
 
     torch.manual_seed(0)
     MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, chat_recipe
 
 LENGTHS = (9, 4, 13)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import chat_recipe
 from fake_dataset_hub import DatasetHub
-from hf_tune import load_recipe, train
 from inputs import front_matter
+
+from hf_tune import load_recipe, train
 
 REPO_ID, SHA = "someorg/tiny-chat-base", "7" * 40
 

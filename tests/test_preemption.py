@@ -10,12 +10,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import launch
 import pytest
 import yaml
-
 from conftest import REPO, chat_recipe
-import launch
 from runs import assert_same_run, crash_recipe, step_losses, write
+
 from hf_tune.errors import EXIT_PREEMPTED
 from hf_tune.trainer.checkpoints import is_complete
 

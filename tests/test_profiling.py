@@ -9,8 +9,8 @@ import json
 
 import pytest
 import yaml
-
 from conftest import chat_recipe, write_recipe
+
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main as hf_tune_cli
 from hf_tune.errors import RecipeError

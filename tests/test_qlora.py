@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 
+import launch
 import pytest
 import torch
-
 from conftest import REPO, chat_recipe
-import launch
+
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import sys
 
+import launch
 import pytest
 import yaml
-
 from conftest import DATA, REPO, write_recipe
-import launch
-from hf_tune.errors import HfTuneError, RecipeError
+
 from hf_tune import load_recipe
+from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe import apply_overrides, redact_secrets
 
 GOOD = {
@@ -254,6 +254,7 @@ def test_a_quantized_base_is_checkpointed_with_the_recipes_kwargs_by_either_name
     """transformers 5.24 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs): the QLoRA
     preparation honours the new names and still reads the old ones."""
     from conftest import chat_recipe
+
     from hf_tune.build.run_build import build_model_and_tokenizer
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **{name: True, f"{name}_kwargs": {"use_reentrant": True}})
@@ -269,8 +270,8 @@ def test_validate_shows_the_values_hf_tune_decides_marked_as_its_defaults(tiny_l
     """`hf-tune validate` prints what the run will use: hf_tune's own defaults in place, each marked, and the output
     is itself a recipe that loads."""
     import torch
-
     from conftest import chat_recipe
+
     from hf_tune.commands.cli import main as cli_main
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", learning_rate=2e-4)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 
+import launch
 import pytest
 import yaml
-
 from conftest import REPO, chat_recipe, save_tiny_llama
-import launch
 from inputs import conversational_pairs, method_recipe
 
 

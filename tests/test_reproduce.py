@@ -8,9 +8,9 @@ import json
 import shutil
 
 import pytest
+from conftest import DATA, chat_recipe
 from safetensors.torch import load_file
 
-from conftest import DATA, chat_recipe
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main
 

@@ -11,15 +11,15 @@ import shutil
 import signal
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
+from conftest import DATA, chat_recipe, free_port
+from runs import assert_same_run, crash_recipe, run_to_end, wait_for
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from conftest import DATA, chat_recipe, free_port
-import launch
-from runs import assert_same_run, crash_recipe, run_to_end, wait_for
 from hf_tune import load_recipe, train
 from hf_tune.errors import EXIT_DIVERGED, RecipeError
 from hf_tune.trainer.checkpoints import MARKER, mark_complete
@@ -184,7 +184,7 @@ def poisoned(tmp_path_factory, smol_tokenizer):
     """(model folder, data file): 40 demo chats and one that holds the poisoned token."""
     folder = tmp_path_factory.mktemp("poisoned")
     chats = [json.loads(line) for line in (DATA / "chat_demo.jsonl").read_text().splitlines()[:40]]
-    bad = {"messages": [{"role": "user", "content": f"Which instrument do you play?"},
+    bad = {"messages": [{"role": "user", "content": "Which instrument do you play?"},
                         {"role": "assistant", "content": f"I play the{POISON}."}]}
     chats.insert(17, bad)
     token = smol_tokenizer(POISON)["input_ids"][0]

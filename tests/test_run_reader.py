@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import chat_recipe
+
 from hf_tune.commands.cli import main
 from hf_tune.errors import HfTuneError
 
@@ -145,8 +145,8 @@ def test_a_run_killed_after_its_last_checkpoint_is_not_trained_a_step_further(tr
     """Killed after checkpoint-2 (its max_steps) was saved, before the run ended: Trainer would resume it and train a
     third step (measured: global_step 3), changing the model. The rerun is refused, naming the checkpoint to use."""
     from hf_tune.build.loading import load_recipe
-    from hf_tune.workflows.train import train
     from hf_tune.errors import RecipeError
+    from hf_tune.workflows.train import train
 
     run = tmp_path / "run"
     run.mkdir()

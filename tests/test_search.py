@@ -7,17 +7,17 @@ import multiprocessing
 import subprocess
 from pathlib import Path
 
+import launch
 import optuna
 import pytest
 import yaml
-
 from conftest import REPO, chat_recipe, free_port, write_recipe
-import launch
+
 from hf_tune import load_recipe, search, train
-from hf_tune.search import format_summary
 from hf_tune.errors import HfTuneError
-from hf_tune.search.storage import make_storage, open_rdb, redact_url
 from hf_tune.recipe.schema import SearchSection
+from hf_tune.search import format_summary
+from hf_tune.search.storage import make_storage, open_rdb, redact_url
 
 LORA = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
 

@@ -8,13 +8,13 @@ import json
 import warnings
 from pathlib import Path
 
+import launch
 import numpy as np
 import optuna
 import pytest
 import yaml
-
 from conftest import DATA, write_recipe
-import launch
+
 from hf_tune import load_recipe, search
 from hf_tune.errors import HfTuneError
 
@@ -156,8 +156,8 @@ def test_wilcoxon_prunes_bad_learning_rates_after_a_few_folds(tmp_path, tiny_ber
 def test_every_trial_gets_the_same_seeded_stratified_folds(tiny_bert_dir, topics_80, tmp_path):
     from sklearn.model_selection import StratifiedKFold
 
-    from hf_tune.search.folds import kfold_splits
     from hf_tune.search.cross_validated import fold_order
+    from hf_tune.search.folds import kfold_splits
 
     recipe = load_recipe(cv_recipe(tiny_bert_dir, topics_80, tmp_path, {
         "space": {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-2}}, "cv": 4}))

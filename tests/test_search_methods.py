@@ -4,10 +4,10 @@ reward lists). Each choice is checked when the recipe loads; each trial trains i
 from __future__ import annotations
 
 import pytest
+from inputs import conversational_pairs, method_recipe
 
 from hf_tune import load_recipe, search
 from hf_tune.errors import RecipeError
-from inputs import conversational_pairs, method_recipe
 
 
 def method_search(tiny_llama_dir, tmp_path, space: dict, method: str = "dpo", **data) -> dict:

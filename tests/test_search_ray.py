@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from inputs import ray_recipe, reported
+
 from hf_tune import load_recipe, search, train
 from hf_tune.errors import HfTuneError
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import free_port
+
 from hf_tune.commands.chat import load_trained, reply
 from hf_tune.commands.generate import generate_file, read_prompts
 from hf_tune.commands.serve import serve, vllm_command

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import DATA, chat_recipe
 from inputs import make_examples
 

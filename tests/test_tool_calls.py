@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import DATA, chat_recipe
 from chat_templates import QWEN_SYSTEM, family_tokenizer, reference
+from conftest import DATA, chat_recipe
 
 from hf_tune.data.loading import load_source
 from hf_tune.data.messages import sharegpt_messages

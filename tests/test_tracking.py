@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from conftest import chat_recipe
+
 from hf_tune import load_recipe, train
 from hf_tune.lifecycle.tracking import TRACKER_ENV
 

@@ -7,12 +7,12 @@ import math
 import os
 import shutil
 
+import launch
 import pytest
 import torch
 import yaml
-
 from conftest import DATA, REPO, SMOLLM2, chat_recipe, write_recipe
-import launch
+
 from hf_tune import load_recipe, train
 from hf_tune.commands.chat import load_trained
 

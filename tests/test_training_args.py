@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import DATA, chat_recipe
 
 GPU_ADDS = {"bf16": True, "logging_nan_inf_filter": False}

@@ -9,8 +9,8 @@ import json
 import logging
 
 import pytest
-
 from conftest import chat_recipe
+
 from hf_tune import load_recipe
 from hf_tune.commands.command_line import RedactingFormatter, user_errors
 from hf_tune.errors import HfTuneError, RecipeError
@@ -70,10 +70,10 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
     The checkpoint mirror, the other URL a recipe takes, refuses credentials outright (tests above)."""
     import sys
 
+    from fake_hub import FakeHub
     from huggingface_hub import constants
     from mlflow import MlflowClient
 
-    from fake_hub import FakeHub
     from hf_tune import train
     from hf_tune.lifecycle.hub import push
 

@@ -7,13 +7,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from PIL import Image
-
 from conftest import REPO
-from vision_inputs import (SQUARE_COLOURS as COLOURS, mllm_demo_rows, recipe_overrides,  # noqa: F401  (tiny_vlm:
-                           tiny_vlm, trl_rows, write_images)  # a fixture)
+from PIL import Image
+from vision_inputs import SQUARE_COLOURS as COLOURS  # noqa: F401  (tiny_vlm:
+from vision_inputs import (
+    mllm_demo_rows,
+    recipe_overrides,
+    trl_rows,
+    write_images,
+)
+
 from hf_tune import load_recipe, train
 from hf_tune.errors import RecipeError
+
 
 def independent_labels(tokenizer, ids: list[int]) -> list[int]:
     """-100 everywhere but each assistant answer: the tokens after each 'Assistant:' up to and including the
@@ -42,8 +48,8 @@ def as_value_parts(row: dict) -> dict:
 def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path, text_key):
     from transformers import AutoProcessor
 
-    from hf_tune.training_args import build_training_arguments
     from hf_tune.data import build_training_data
+    from hf_tune.training_args import build_training_arguments
 
     paths = write_images(tmp_path / "images")
     data = tmp_path / "train.jsonl"
@@ -62,9 +68,10 @@ def test_labels_are_the_assistant_tokens_only_in_trl_layout(tiny_vlm, tmp_path, 
 
 
 def test_a_row_whose_markers_and_images_disagree_is_refused_by_row(tiny_vlm, tmp_path):
-    from hf_tune.training_args import build_training_arguments
-    from hf_tune.data import build_training_data
     from transformers import AutoProcessor
+
+    from hf_tune.data import build_training_data
+    from hf_tune.training_args import build_training_arguments
 
     paths = write_images(tmp_path / "images")
     rows = mllm_demo_rows(paths, copies=1)

@@ -9,15 +9,22 @@ import random
 
 import pytest
 import torch
-from PIL import Image
-
 from conftest import REPO
 from fake_hub import FakeHub
+from inputs import TOKEN, front_matter
+from PIL import Image
+from vision_inputs import SHAPE_COLOURS as COLOURS  # noqa: F401  (tiny_vlm:
+from vision_inputs import (
+    draw,
+    mllm_demo_rows,
+    overrides,
+    recipe_overrides,  # a fixture)
+    save_tiny,
+    write_images,
+)
+
 from hf_tune import load_recipe, train
 from hf_tune.lifecycle.hub import merge, push
-from inputs import TOKEN, front_matter
-from vision_inputs import (SHAPE_COLOURS as COLOURS, draw, mllm_demo_rows, overrides,  # noqa: F401  (tiny_vlm:
-                           recipe_overrides, save_tiny, tiny_vlm, write_images)  # a fixture)
 
 
 @pytest.fixture

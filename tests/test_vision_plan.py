@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 
-from PIL import Image
-
 from conftest import REPO
-from hf_tune import load_recipe
+from PIL import Image
 from vision_inputs import recipe_overrides, tiny_vlm, trl_rows, write_images  # noqa: F401  (tiny_vlm: a fixture)
+
+from hf_tune import load_recipe
 
 
 def test_plan_counts_each_images_tokens_as_the_processor_expands_them(tiny_vlm, tmp_path):  # noqa: F811
     from transformers import AutoConfig, AutoProcessor
 
-    from hf_tune.workflows.plan import format_plan, plan
     from hf_tune.model.memory import activation_memory
+    from hf_tune.workflows.plan import format_plan, plan
 
     paths = write_images(tmp_path / "images")
     rows = trl_rows(paths)

@@ -9,13 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from conftest import REPO, chat_recipe
-import launch
+from safetensors.torch import load_file
 
 BIN = Path(sys.executable).parent
 TORCH_EXTENSIONS = Path.home() / ".cache" / "hf_tune" / "torch_extensions"  # DeepSpeed's CPU ops, built once
@@ -220,8 +219,8 @@ def test_a_zero2_checkpoint_of_two_ranks_resumes_on_one_from_a_universal_checkpo
 def test_the_accumulation_is_set_for_the_checkpoints_global_batch_or_left_to_ignore_data_skip(tmp_path, tiny_llama_dir,
                                                                                               caplog):
     from hf_tune import load_recipe
-    from hf_tune.training_args import build_training_arguments
     from hf_tune.trainer.world_size import fit_world_size
+    from hf_tune.training_args import build_training_arguments
 
     checkpoint = two_rank_checkpoint(tmp_path / "run")
     recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", per_device_train_batch_size=BATCH))

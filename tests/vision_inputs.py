@@ -34,8 +34,14 @@ def draw(rng: random.Random, colour: tuple[int, int, int]) -> Image.Image:
 def save_tiny(folder, kind: str) -> str:
     """A random tiny ViT (3 blocks) or ConvNeXt (2 stages), with its (slow, PIL) image processor, at 16x16 pixels."""
     import torch
-    from transformers import (ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessorPil, ViTConfig,
-                              ViTForImageClassification, ViTImageProcessorPil)
+    from transformers import (
+        ConvNextConfig,
+        ConvNextForImageClassification,
+        ConvNextImageProcessorPil,
+        ViTConfig,
+        ViTForImageClassification,
+        ViTImageProcessorPil,
+    )
 
     torch.manual_seed(0)
     if kind == "vit":

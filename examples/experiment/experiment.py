@@ -141,7 +141,8 @@ def write_report(out: Path, study: dict, resume: dict, reproduced: tuple[str, bo
         f"Best: trial {best['number']}, {best['params']}, persona score {best['values'][0]}. Study folder: "
         f"`{study['study_dir']}` (`trials.csv`, `best_recipe.yaml`, `optimization_history.png`).", "",
         "## The best configuration, killed and resumed", "",
-        f"Killed with SIGKILL after {resume['killed_after']} (checkpoints then: {', '.join(resume['checkpoints_when_killed'])}); "
+        f"Killed with SIGKILL after {resume['killed_after']} (checkpoints then: "
+        f"{', '.join(resume['checkpoints_when_killed'])}); "
         f"the same command run again resumed from it and finished ({resume['seconds']} s for both launches).", "",
         "## Reproduced from its folder (`hf-tune reproduce`): trained again without a kill", "", "```",
         reproduced[0], "```", "",

@@ -15,8 +15,8 @@ from typing import Any
 @dataclasses.dataclass(frozen=True)
 class Column:
     """A column a format reads. ``kind`` (sft formats, checked on Arrow before tokenizing): string, turns (a list of
-    messages), string|turns, label, image (every image opened and decoded); None where the normaliser checks the rows itself. ``optional``: may be absent or
-    null."""
+    messages), string|turns, label, image (every image opened and decoded); None where the normaliser checks the rows
+    itself. ``optional``: may be absent or null."""
 
     name: str
     kind: str | None = None

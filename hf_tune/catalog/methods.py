@@ -1,9 +1,9 @@
 """The method table: what each recipe ``method`` trains, with which upstream config and trainer, on which data.
 
 ``sft`` is hf_tune's own path (``HfTuneTrainer`` on ``TrainingArguments``); the others run TRL's maintained trainers
-with hf_tune's Trainer features mixed in (``hf_tune.trainer.hooks.HfTuneMixin``). A new method is one entry here plus, where
-its data has a new shape, a format in ``hf_tune.catalog.formats`` (each method names the formats it reads, its default first). Pure: nothing
-heavy is imported until a class is asked for.
+with hf_tune's Trainer features mixed in (``hf_tune.trainer.hooks.HfTuneMixin``). A new method is one entry here plus,
+where its data has a new shape, a format in ``hf_tune.catalog.formats`` (each method names the formats it reads, its
+default first). Pure: nothing heavy is imported until a class is asked for.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import importlib
 import warnings
 from typing import Any
 
-
 DEFAULT_METHOD = "sft"
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
     name: str
-    config_class: str  # "module:Class" of its TrainingArguments (sub)class: the recipe's `training` is checked against it
+    # "module:Class" of its TrainingArguments (sub)class: the recipe's `training` is checked against it
+    config_class: str
     trainer_class: str | None  # "module:Class" of the upstream trainer hf_tune's mixin goes over; None: HfTuneTrainer
     tasks: tuple[str, ...]  # the model.task values it trains (hf_tune.catalog.tasks); the first is the default
     summary: str  # one line for the README's method table, `plan` and the model card

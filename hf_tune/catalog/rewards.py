@@ -139,7 +139,8 @@ def _import(path: str, index: int) -> Callable[..., list[float]]:
         func = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
         raise RecipeError(f"rewards[{index}]", f"cannot import {path!r}: {err}",
-                          fix="the module must be importable from where you run (PYTHONPATH), and define the function") from None
+                          fix="the module must be importable from where you run (PYTHONPATH), "
+                              "and define the function") from None
     if not callable(func):
         raise RecipeError(f"rewards[{index}]", f"{path!r} is not a function")
     return func

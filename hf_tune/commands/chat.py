@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 
-from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
 from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: the dtype the checkpoint was saved in
 

@@ -17,11 +17,12 @@ from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_termi
 from hf_tune.commands.option_types import device_here, gpu_memory_gb, number, whole
 from hf_tune.redaction import redact_secrets
 from hf_tune.runtime.output_paths import Output, check_output, starts_with
+from hf_tune.runtime.process import settle_process
 
 
 def _validate(args) -> None:
-    from hf_tune.commands.effective import hf_tune_defaults, mark_defaults
     from hf_tune.build.loading import load_recipe
+    from hf_tune.commands.effective import hf_tune_defaults, mark_defaults
     from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -39,8 +40,8 @@ def _train(args) -> None:
 
 
 def _plan(args) -> None:
-    from hf_tune.workflows.plan import format_plan, plan
     from hf_tune.build.loading import load_recipe
+    from hf_tune.workflows.plan import format_plan, plan
 
     print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
 
@@ -67,8 +68,8 @@ def _data(args) -> None:
 
 
 def _cv(args) -> None:
-    from hf_tune.search.folds import cross_validate
     from hf_tune.build.loading import load_recipe
+    from hf_tune.search.folds import cross_validate
 
     result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
     for name, stats in result["summary"].items():
@@ -261,7 +262,8 @@ DTYPE = option("--dtype", default=None, choices=("auto", "bfloat16", "float16", 
 GENERATION = (  # chat's and generate's
     option("--max-new-tokens", type=whole(1), default=128),
     option("--temperature", type=number(0), default=0.0, help="0 (default): greedy; above 0: sampled"),
-    option("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling (with --temperature above 0)"),
+    option("--top-p", type=number(0, 1, low_open=True), default=1.0,
+           help="nucleus sampling (with --temperature above 0)"),
     option("--seed", type=whole(0), default=None, help="makes sampled replies repeatable"))
 TRACKING_URI = "default: MLFLOW_TRACKING_URI"
 VERBS = {  # in the order `hf-tune --help` lists them
@@ -301,9 +303,11 @@ VERBS = {  # in the order `hf-tune --help` lists them
     "eval": Verb(_eval, "lm-eval scores of a run, one checkpoint, or (--watch) each new complete checkpoint of a run "
                  "in progress, into RUN_DIR/eval_scores.jsonl", options=(
         option("run_dir", help="a run folder (its recipe's evaluation.tasks), or a model folder with --tasks"),
-        option("--checkpoint", type=whole(0), default=None, metavar="N", help="score checkpoint-N (complete ones only)"),
+        option("--checkpoint", type=whole(0), default=None, metavar="N",
+               help="score checkpoint-N (complete ones only)"),
         option("--watch", action="store_true", help="score each complete checkpoint as it appears, until the run ends"),
-        option("--interval", type=number(0, low_open=True), default=10.0, help="seconds between looks for new checkpoints (--watch)"),
+        option("--interval", type=number(0, low_open=True), default=10.0,
+               help="seconds between looks for new checkpoints (--watch)"),
         option("--wait", type=number(0), default=600.0, help="seconds to wait for RUN_DIR to appear (--watch started "
                "before the run); a path whose parent does not exist is refused at once"),
         option("--tasks", default=None, help="comma-separated lm-eval tasks or task YAMLs (default: the recipe's)"),
@@ -329,7 +333,8 @@ VERBS = {  # in the order `hf-tune --help` lists them
                       "metrics match, naming what differs (exit 1 when they do not)", options=(
         RUN_DIR, option("--out", default=None, help="the rerun's folder (default: RUN_DIR-reproduced)"),
         option("--against", default=None, metavar="RUN_DIR2", help="compare with this finished run instead of "
-               "training one (a rerun launched on several processes)")), output=Output("folder", inputs=("run_dir", "against"))),
+               "training one (a rerun launched on several processes)")),
+                      output=Output("folder", inputs=("run_dir", "against"))),
     "generate": Verb(_generate, "answer a JSONL file of prompts in batches (greedy by default: chat's answers)",
                      options=(
         RUN_DIR, option("--input", required=True, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line"),
@@ -388,6 +393,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     plain_progress_off_a_terminal()  # the verbs load their libraries inside, after this
+    settle_process()
     args = parser().parse_args(argv)
     with user_errors(args.debug):
         if args.output is not None and getattr(args, "out", None) is not None:  # before any work, for every verb

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 
 from hf_tune.data.preview import IGNORE, first_examples, marked_text
-from hf_tune.training_args import build_training_arguments
 from hf_tune.recipe.schema import Recipe
+from hf_tune.training_args import build_training_arguments
+
 
 def masked_share(train) -> float | None:
     """The share of the training tokens whose label is -100 (prompts, padding of a template's markers...)."""

@@ -1,6 +1,7 @@
 """What a run will use where the recipe is silent and hf_tune decides (not upstream's default): the attention, the
 padding-free batches, where to resume, ``use_cpu``, bf16 on a GPU, one pack per step, the schedule. ``hf-tune
-validate`` prints them in place, each marked ``# hf_tune's default``. Reads the config (hf_tune's copy offline), no weight."""
+validate`` prints them in place, each marked ``# hf_tune's default``. Reads the config (hf_tune's copy offline), no
+weight."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 
 from hf_tune.build.decisions import decide
 from hf_tune.build.memory_fit import refuse_unfit
-from hf_tune.training_args import build_training_arguments, training_kwargs
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.recipe.schema import Recipe
+from hf_tune.training_args import build_training_arguments, training_kwargs
 
 MARK = "  # hf_tune's default"
 
@@ -29,7 +30,8 @@ def hf_tune_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
         training["enable_jit_checkpoint"] = decisions.save_on_signal  # upstream's default: off
     if (decisions.memory or {}).get("changed"):  # the fit to this machine's memory
         if decisions.checkpointing and "activation_checkpointing" not in recipe.training:
-            training.update(activation_checkpointing=True, activation_checkpointing_kwargs=decisions.checkpointing_kwargs)
+            training.update(activation_checkpointing=True,
+                            activation_checkpointing_kwargs=decisions.checkpointing_kwargs)
         if decisions.per_device_train_batch_size != args.per_device_train_batch_size:
             training.update(per_device_train_batch_size=decisions.per_device_train_batch_size,
                             gradient_accumulation_steps=decisions.gradient_accumulation_steps)

@@ -34,7 +34,8 @@ def read_prompts(path: str | Path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise HfTuneError(f"--input {path}, line {number}: not JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not (isinstance(row.get("prompt"), str) or _is_conversation(row.get("messages"))):
+        if not isinstance(row, dict) or not (isinstance(row.get("prompt"), str)
+                                             or _is_conversation(row.get("messages"))):
             raise HfTuneError(f"--input {path}, line {number}: needs \"prompt\" (a string) or \"messages\" (a list of "
                               "{\"role\", \"content\"} turns)")
         rows.append(row)

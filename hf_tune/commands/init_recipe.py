@@ -14,16 +14,16 @@ from typing import Any
 
 import yaml
 
+from hf_tune.build.decisions import decide
+from hf_tune.build.memory_fit import HEADROOM, estimate_peak
+from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.catalog.templates import fitting_templates
 from hf_tune.errors import HfTuneError, RecipeError, describe_exception
-from hf_tune.catalog.formats import DEFAULT_FORMAT
-from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.loading import stored_in_mxfp4
+from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
 from hf_tune.model.meta import build_meta_model, config_model_class, load_model_config
 from hf_tune.model.moe import MoeShape, attention_only_targets, moe_shape
 from hf_tune.optim.schedule import resolve_schedule
-from hf_tune.build.decisions import decide
-from hf_tune.build.memory_fit import HEADROOM, estimate_peak
 from hf_tune.recipe import validate_recipe
 from hf_tune.training_args import build_training_arguments
 
@@ -158,7 +158,8 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
                                 why = {**why, **moe_reasons(moe, experts)}
                             if template:
                                 why["template"] = (f"data.chat_template: {template}: the base's tokenizer has none; "
-                                                   f"names that fit it: {', '.join(fitting_templates(config.model_type))}")
+                                                   "names that fit it: "
+                                                   f"{', '.join(fitting_templates(config.model_type))}")
                             if mxfp4:
                                 why["moe"] += (f"; its MXFP4 checkpoint is dequantized to bf16 for training: "
                                                f"{2 * size / 2**30:.0f} GB of weights, about 4x what MXFP4 stores "
@@ -219,7 +220,8 @@ def reasons(tuning: str, setup: str, checkpointing: bool, tokens: int, size: flo
     why_setup = ("one GPU: no distribution" if gpus == 1 and setup not in DEEPSPEED else
                  f"{setup} over {gpus} GPUs: " + {"no ZeRO (DDP)": "every rank holds the whole model (fastest)",
                                                   "ZeRO-2": "gradients and optimizer states partitioned",
-                                                  "ZeRO-3": "weights partitioned too (FSDP full_shard is the same plan)"}[setup])
+                                                  "ZeRO-3": "weights partitioned too (FSDP full_shard is the "
+                                                            "same plan)"}[setup])
     return {"tuning": why_tuning, "setup": why_setup,
             "checkpointing": "activation checkpointing: without it the activations do not fit" if checkpointing
             else "no activation checkpointing: the activations fit (it would cost about a third of the speed)",

@@ -8,18 +8,18 @@ import inspect
 from datasets import Dataset
 from transformers import DataCollatorWithPadding
 
-from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
-from hf_tune.model.meta import load_model_config
 from hf_tune.catalog.tasks import task_of
 from hf_tune.data.classification import label_names
+from hf_tune.data.collator import CausalLMCollator
 from hf_tune.data.formats import format_of
 from hf_tune.data.loading import load_raw_datasets, load_source
 from hf_tune.data.mixture import build_mixture, source_section
-from hf_tune.data.streaming import build_stream
-from hf_tune.data.collator import CausalLMCollator
-from hf_tune.model.loss import causal_lm_loss
 from hf_tune.data.packing import pack_by_token_budget
+from hf_tune.data.streaming import build_stream
 from hf_tune.data.tokenization import IGNORE_INDEX, tokenize_dataset
+from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
+from hf_tune.model.loss import causal_lm_loss
+from hf_tune.model.meta import load_model_config
 from hf_tune.recipe.schema import Recipe
 
 __all__ = ["IGNORE_INDEX", "TrainingData", "build_collator", "build_datasets", "build_training_data",
@@ -111,10 +111,10 @@ def decide_padding_free(recipe: Recipe, model_class: type | None, attention: str
 def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
                    attn_implementation: str | None = None, padding_free: bool | None = None):
     """Classification: padded to the longest in the batch. Causal LM: padding-free when ``data.padding_free`` says so
-    (default: where ``model_class`` supports it and it saves compute, see below), with the trained-positions mask when ``model.logits_to_keep:
-    trained`` and the model's forward takes ``logits_to_keep``. ``attn_implementation``: what the built model
-    runs; ``padding_free``: the run's decision (``hf_tune.build.decisions``), decided here by the same rule when not
-    given."""
+    (default: where ``model_class`` supports it and it saves compute, see below), with the trained-positions mask when
+    ``model.logits_to_keep: trained`` and the model's forward takes ``logits_to_keep``. ``attn_implementation``: what
+    the built model runs; ``padding_free``: the run's decision (``hf_tune.build.decisions``), decided here by the same
+    rule when not given."""
     task = task_of(recipe.model.task)
     causal = task.causal
     if task.collator_class is not None:  # the task's own (images through the processor)

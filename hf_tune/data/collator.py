@@ -11,8 +11,8 @@ from typing import Any
 
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
-from hf_tune.model.loss import next_token_trained
 from hf_tune.data.tokenization import IGNORE_INDEX
+from hf_tune.model.loss import next_token_trained
 
 
 def unpack_features(features: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -21,7 +21,7 @@ def unpack_features(features: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in features:
         ids = row["input_ids"]
         if len(ids) and isinstance(ids[0], list):
-            examples += [{"input_ids": i, "labels": l} for i, l in zip(ids, row["labels"])]
+            examples += [{"input_ids": i, "labels": labels} for i, labels in zip(ids, row["labels"])]
         else:
             examples.append(row)
     return examples

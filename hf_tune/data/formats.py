@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
+from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS, Column, Format, format_of
 from hf_tune.data.messages import chat_messages, normalize_message
 from hf_tune.errors import RecipeError
-from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS, Column, Format, format_of
 
 __all__ = ["DEFAULT_FORMAT", "FORMATS", "Column", "Conversation", "Format", "PlainText", "check_columns",
            "format_of", "row_refusal"]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
+from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns
 from hf_tune.data.images import as_images
 from hf_tune.data.validation import check_examples
 from hf_tune.errors import RecipeError, describe_exception
-from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns
 from hf_tune.recipe.schema import DataSection, DatasetSource
 
 SOURCE_KEYS = {"columns", "format", "weight", "epochs"}  # hf_tune's keys of a source; the rest go to load_dataset

@@ -54,7 +54,8 @@ def build_mixture(data: DataSection, tokenizer, seed: int) -> Mixture:
         evaluation = held_out[0] if len(held_out) == 1 else concatenate_datasets(held_out)
     sources = {}
     if isinstance(data.train, list):
-        sources = {f"train[{i}]": {**about, "examples": count} for i, (about, count) in enumerate(zip(described, counts))}
+        sources = {f"train[{i}]": {**about, "examples": count}
+                   for i, (about, count) in enumerate(zip(described, counts))}
     return Mixture(train, evaluation, sources)
 
 

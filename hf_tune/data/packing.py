@@ -12,7 +12,6 @@ import pyarrow.compute as pc
 from datasets import Dataset
 from datasets.fingerprint import Hasher
 
-
 PACKING_VERSION = "3"  # bump when the packs change: cached packs are then never reused
 _LENGTH_BATCH = 100_000  # rows whose lengths are read from Arrow at a time
 _PACK_BATCH = 1_000  # packs gathered and written at a time

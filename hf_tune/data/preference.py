@@ -17,12 +17,13 @@ from typing import Any
 
 from datasets import Dataset
 
+from hf_tune.catalog.methods import method_of
+from hf_tune.catalog.rewards import check_reward_columns
 from hf_tune.data.formats import check_columns, format_of, row_refusal
 from hf_tune.data.loading import describe_source, line_of_row, load_source, local_files
 from hf_tune.data.messages import SHAREGPT_ROLES, content_problem, part_value
 from hf_tune.recipe.schema import DataSection, DatasetSource
-from hf_tune.catalog.methods import method_of
-from hf_tune.catalog.rewards import check_reward_columns
+
 
 def load_method_data(data: DataSection, method: str, seed: int, rewards: list | None = None
                      ) -> tuple[Dataset, Dataset | None]:
@@ -192,7 +193,8 @@ def _sharegpt(turns: Any, column: str) -> list[dict[str, str]]:
         raise BadRow(column, f"expected a list of {{from, value}} turns, got {turns!r:.60}")
     messages = []
     for number, turn in enumerate(turns, 1):
-        if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES or not isinstance(turn.get("value"), str):
+        if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES or not isinstance(
+                turn.get("value"), str):
             raise BadRow(column, f"turn {number}: expected {{from: one of {sorted(SHAREGPT_ROLES)}, value: a "
                                   f"string}}, got {turn!r:.80}")
         messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]})

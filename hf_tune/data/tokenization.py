@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import bisect
 import logging
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset

@@ -23,8 +23,9 @@ _STRING_TYPES = ("string", "large_string")
 
 
 def column_rules(format: str, columns: list[str]) -> list[tuple[str, str, bool]]:
-    """(column, kind, optional) for each column the format reads that the data has; kinds: hf_tune.catalog.formats.Column.
-    Where the data holds several of the format's layouts (messages and conversations), a row may fill either."""
+    """(column, kind, optional) for each column the format reads that the data has; kinds:
+    hf_tune.catalog.formats.Column. Where the data holds several of the format's layouts (messages and conversations), a
+    row may fill either."""
     spec = format_of(format)
     several = len(_complete_layouts(spec, columns)) > 1
     return [(c.name, c.kind, c.optional or several and not all(c.name in layout for layout in spec.layouts))

@@ -59,7 +59,8 @@ def messages_problem(messages: Any, images: list) -> str | None:
         for part in message["content"]:
             if part.get("type") not in ("text", "image") or part["type"] == "text" and not isinstance(
                     part.get("text"), str):
-                return f"turn {number}: expected parts {{'type': 'text', 'text': ...}} or {{'type': 'image'}}, got {part}"
+                return (f"turn {number}: expected parts {{'type': 'text', 'text': ...}} or {{'type': 'image'}}, "
+                        f"got {part}")
     if not any(m["role"] == "assistant" for m in messages):
         return "no assistant turn: nothing to train"
     if count_images(messages) != len(images):

@@ -1,6 +1,6 @@
 """Downstream scores at each evaluation: the recipe's lm-eval tasks scored on the model in memory and added to the
-evaluation's metrics (``HfTuneMixin.evaluation_loop`` asks this callback, handed to the trainer in its monitors), so they are logged with eval_loss and read
-by ``metric_for_best_model``, early stopping and a search.
+evaluation's metrics (``HfTuneMixin.evaluation_loop`` asks this callback, handed to the trainer in its monitors), so
+they are logged with eval_loss and read by ``metric_for_best_model``, early stopping and a search.
 
 Under DDP the main process scores its (unwrapped, whole) copy of the model and the other ranks receive the scores:
 lm-eval cannot split requests across the ranks of a model it did not load itself. The recipe refuses tasks under
@@ -46,7 +46,8 @@ class DownstreamScores(TrainerCallback):
 
 def build_downstream_scores(recipe) -> DownstreamScores | None:
     """The downstream scores of a recipe (``evaluation.tasks``), None without tasks."""
-    return DownstreamScores(recipe.evaluation, int(recipe.training.get("seed", 42))) if recipe.evaluation.tasks else None
+    return (DownstreamScores(recipe.evaluation, int(recipe.training.get("seed", 42))) if recipe.evaluation.tasks
+            else None)
 
 
 def build_sample_callbacks(recipe) -> list[TrainerCallback]:

@@ -38,7 +38,8 @@ def task_configs(tasks: list[str]) -> dict[str, dict]:
         for name in names:
             if name not in index:
                 hint = did_you_mean(name, [*shipped, *index])
-                raise RecipeError("evaluation.tasks", f"{name!r} is not an lm-eval task" + (f"; {hint}" if hint else ""),
+                raise RecipeError("evaluation.tasks",
+                                  f"{name!r} is not an lm-eval task" + (f"; {hint}" if hint else ""),
                                   fix="`lm-eval ls tasks` lists them; or give the path of a task YAML")
             configs[name] = dict(index[name].cfg or {})
     return configs

@@ -3,7 +3,6 @@ stopping (upstream ``EarlyStoppingCallback``)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 from transformers import EarlyStoppingCallback, EvalPrediction
 

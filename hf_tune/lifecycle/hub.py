@@ -10,16 +10,21 @@ from pathlib import Path
 
 from huggingface_hub import constants  # noqa: F401  (tests and users patch hf_tune.lifecycle.hub.constants)
 
-from hf_tune.lifecycle import run_folder
-from hf_tune.errors import HfTuneError
-from hf_tune.model.merge import (CannotStream, base_checkpoint_folder, plan_shard_merge, read_lora_deltas,
-                                 write_merged_shards)
-from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
-from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
-from hf_tune.lifecycle.model_card import base_model_id, render_model_card, run_class_labels
-from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.lifecycle.hub.hub_is_reachable, as before)
 from hf_tune.catalog.tasks import Task, task_of
 from hf_tune.catalog.trackers import tracker_files
+from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle import run_folder
+from hf_tune.lifecycle.model_card import base_model_id, render_model_card, run_class_labels
+from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
+from hf_tune.model.merge import (
+    CannotStream,
+    base_checkpoint_folder,
+    plan_shard_merge,
+    read_lora_deltas,
+    write_merged_shards,
+)
+from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
+from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.lifecycle.hub.hub_is_reachable, as before)
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +40,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "preprocessor_config.json", "processor_config.json")  # an image processor, a VLM's processor
 RESULT_FILES = (run_folder.RECIPE, run_folder.TRAIN_RESULTS, run_folder.EVAL_RESULTS, run_folder.ALL_RESULTS,
                 run_folder.CLASS_LABELS)
-MANIFEST_FILES = (run_folder.MANIFEST, run_folder.TRAINER_STATE, "*.png")  # only with include_manifest: host, command line, env
+# only with include_manifest: host, command line, env
+MANIFEST_FILES = (run_folder.MANIFEST, run_folder.TRAINER_STATE, "*.png")
 TRACKER_LOGS = tracker_files("logs")  # only with include_logs: each tracker's folder (hf_tune.catalog.trackers)
 MERGE_CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3}  # max |Δ logit| / max |logit|
 QUANTIZED_DTYPES = ("nf4", "fp4", "int4", "int8", "4bit", "8bit")  # --dtype values a QLoRA run's merge refuses

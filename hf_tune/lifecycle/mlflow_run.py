@@ -1,6 +1,7 @@
-"""MLflow, an entry of the tracker table (``hf_tune.catalog.trackers``). The MLflow run of a run folder: hf_tune opens it itself (name, tags, the flattened recipe and lineage as params,
-one run per run folder and tracking URI across resumes), so that Trainer's ``MLflowCallback`` logs its metrics into
-it; the default store is SQLite in the run folder. MLflow itself is imported only where a run uses it."""
+"""MLflow, an entry of the tracker table (``hf_tune.catalog.trackers``). The MLflow run of a run folder: hf_tune opens
+it itself (name, tags, the flattened recipe and lineage as params, one run per run folder and tracking URI across
+resumes), so that Trainer's ``MLflowCallback`` logs its metrics into it; the default store is SQLite in the run folder.
+MLflow itself is imported only where a run uses it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 from hf_tune.catalog.trackers import TRACKERS
 from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage, run_lineage
-from hf_tune.redaction import redact_urls, url_has_credentials
 from hf_tune.recipe.schema import Recipe
+from hf_tune.redaction import redact_urls, url_has_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +70,8 @@ def run_folder_mlflow_uri(run_dir: Path) -> str:
 def start_mlflow_run(recipe: Recipe, run_dir: Path, args=None, datasets: dict | None = None) -> str:
     """Open this run folder's MLflow run as the active run (main process only), so that Trainer's ``MLflowCallback``
     logs into it instead of starting one named by ``args.run_name`` alone: the recipe's ``tracking`` name and tags
-    reach MLflow, the params are the flattened recipe and lineage (``hf_tune.lifecycle.lineage``), and a resumed run (its id is
-    kept in ``run_dir/mlflow_run_id``, per tracking URI) continues the same MLflow run. The store is
+    reach MLflow, the params are the flattened recipe and lineage (``hf_tune.lifecycle.lineage``), and a resumed run
+    (its id is kept in ``run_dir/mlflow_run_id``, per tracking URI) continues the same MLflow run. The store is
     ``MLFLOW_TRACKING_URI`` (default: ``run_dir/mlruns``), the experiment ``MLFLOW_EXPERIMENT_NAME`` (default:
     ``tracking.project``, else MLflow's default experiment). Returns the run id."""
     import mlflow

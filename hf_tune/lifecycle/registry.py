@@ -13,13 +13,19 @@ from typing import Any
 
 import yaml
 
-from hf_tune.lifecycle import run_folder
 from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.hub import merge, run_task
-from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.lifecycle.lineage import flat_lineage, read_lineage
-from hf_tune.lifecycle.mlflow_run import (existing_mlflow_run, log_new_params, log_run_folder_artifacts, mlflow_experiment_id,
-                                run_folder_mlflow_uri, save_mlflow_run_id)
+from hf_tune.lifecycle.mlflow_run import (
+    existing_mlflow_run,
+    log_new_params,
+    log_run_folder_artifacts,
+    mlflow_experiment_id,
+    run_folder_mlflow_uri,
+    save_mlflow_run_id,
+)
+from hf_tune.lifecycle.run_reader import open_run
 
 
 def registry_uri(run_dir: str | Path | None = None, tracking_uri: str | None = None) -> str:

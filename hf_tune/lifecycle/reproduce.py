@@ -2,8 +2,8 @@
 between them. Reproduced means the same final weights (every tensor, bit for bit) and the same training metrics;
 what can explain a difference is read from both ``run.json`` files: package versions, data fingerprints, the seed,
 the device, the CPU threads, the number of processes, the git commit, the CPU model, the launcher, the math
-libraries' environment, the run's decisions; where none differs, the report names what ``run.json`` cannot see. ``hf-tune reproduce`` (``commands/reproduce.py``) makes the
-second run from the first one's folder alone."""
+libraries' environment, the run's decisions; where none differs, the report names what ``run.json`` cannot see.
+``hf-tune reproduce`` (``commands/reproduce.py``) makes the second run from the first one's folder alone."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def compare_runs(first: str | Path, second: str | Path) -> Comparison:
     a, b = finished_run(first), finished_run(second)
     result = Comparison()
     result.weights, result.summary["weights"] = _weights(a.path, b.path)
-    resumed = {run.path.name: run.manifest().get("resumed_from") for run in (a, b) if run.manifest().get("resumed_from")}
+    resumed = {run.path.name: run.manifest().get("resumed_from") for run in (a, b)
+               if run.manifest().get("resumed_from")}
     result.metrics, result.summary["metrics"] = _metrics(a.manifest().get("metrics") or {},
                                                          b.manifest().get("metrics") or {}, resumed)
     result.losses, result.summary["losses"] = _losses(a, b)
@@ -94,7 +95,8 @@ def _weights(first: Path, second: Path) -> tuple[list[str], str]:
             tensors += 1
             if a[key].shape != b[key].shape or a[key].dtype != b[key].dtype:
                 differing += 1
-                lines.append(f"{key}: {tuple(a[key].shape)} {a[key].dtype} against {tuple(b[key].shape)} {b[key].dtype}")
+                lines.append(f"{key}: {tuple(a[key].shape)} {a[key].dtype} against "
+                             f"{tuple(b[key].shape)} {b[key].dtype}")
             elif not a[key].equal(b[key]):
                 differing += 1
                 gap = (a[key].double() - b[key].double()).abs().max().item()

@@ -32,7 +32,6 @@ estimate falls back to ``hf_tune.model.memory.activation_memory``'s formula and 
 from __future__ import annotations
 
 import bisect
-
 import contextlib
 import copy
 import dataclasses
@@ -326,8 +325,8 @@ def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool, chun
     forward under autocast and casts its outputs to float32 (``convert_outputs_to_fp32``); ``Trainer.compute_loss``
     hands the labels to hf_tune's loss, and ``HfTuneMixin.compute_loss`` runs the chunked one under autocast too,
     from the hidden states, through the model's head."""
-    from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
     from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
+    from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
 
     inputs = dict(batch)
     labels = inputs.pop("labels")
@@ -358,8 +357,9 @@ def _loss_transient_per_row(setup: ProbeSetup, config, k: int) -> float:
     """Bytes the chunked loss holds beyond what it keeps, at its peak, per position of a chunk, for the full-size
     model: measured on one chunk of ``config``'s narrow head (``k`` times narrower, vocabulary included), whose every
     tensor is a chunk's positions times a width, so the full-size figure is ``k`` times it."""
-    from hf_tune.model.chunked_logprobs import LogitHead
     from torch.profiler import ProfilerActivity, profile
+
+    from hf_tune.model.chunked_logprobs import LogitHead
 
     rows = min(PROBE_TOKENS, default_chunk_size(config.vocab_size))  # one chunk
     with torch.random.fork_rng(devices=[]):
@@ -386,7 +386,8 @@ def trl_token_chunk() -> int:
     return int(getattr(chunked_logprob, "TOKEN_CHUNK_SIZE", 4096))
 
 
-TRL_PROBE_ROWS = 256  # the rows TRL's head is measured on; its tiles are rows x vocabulary columns, so it scales by rows
+# the rows TRL's head is measured on; its tiles are rows x vocabulary columns, so it scales by rows
+TRL_PROBE_ROWS = 256
 
 
 def _trl_head_transient_per_row(setup: ProbeSetup, config) -> float:

@@ -100,7 +100,8 @@ def hidden_state_inputs(inputs: dict) -> dict:
 
 def check_head_reproduces_logits(model, head: LogitHead) -> None:
     """The model's own log-probabilities of a few tokens equal ``head`` applied to the last hidden state of a
-    one-position-logits forward, within the rounding of the head's dtype: the proof that the chunked loss is the model's."""
+    one-position-logits forward, within the rounding of the head's dtype: the proof that the chunked loss is the
+    model's."""
     weight = head.linear.weight
     device = model.get_input_embeddings().weight.device
     ids = (torch.arange(PROBE_TOKENS, device=device) * 7919 % weight.shape[0])[None]

@@ -155,8 +155,8 @@ def _chunk_stats(logits: torch.Tensor, logsumexp: torch.Tensor, targets: torch.T
 
 class _ChunkedTargetLogprobs(torch.autograd.Function):
     """Target log-probabilities of kept rows. Where only the rows need a gradient (``ahead``: a frozen head, LoRA),
-    forward also computes each row's d logp / d row while its chunk's logits exist, and saves that ``[rows, H]`` alone: as
-    each log-probability depends on its own row only, backward is a per-row scale, with no logits recomputed. Where
+    forward also computes each row's d logp / d row while its chunk's logits exist, and saves that ``[rows, H]`` alone:
+    as each log-probability depends on its own row only, backward is a per-row scale, with no logits recomputed. Where
     the head trains, forward saves only the inputs and one log-sum-exp per row, and backward recomputes the logits."""
 
     @staticmethod

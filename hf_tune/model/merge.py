@@ -15,8 +15,13 @@ from pathlib import Path
 
 import torch
 
-from hf_tune.model.merge_experts import (CannotStreamExperts, ExpertTarget, checkpoint_sources, expert_delta,
-                                         expert_targets)
+from hf_tune.model.merge_experts import (
+    CannotStreamExperts,
+    ExpertTarget,
+    checkpoint_sources,
+    expert_delta,
+    expert_targets,
+)
 from hf_tune.runtime.network import hub_is_reachable
 
 logger = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
+from hf_tune.catalog.tasks import task_of
 from hf_tune.errors import RecipeError
 from hf_tune.model.loading import lora_section, model_config, task_model_class
 from hf_tune.model.vision import freeze_vision_tower, freezes_vision
 from hf_tune.recipe.schema import Recipe
-from hf_tune.catalog.tasks import task_of
 
 logger = logging.getLogger(__name__)
 

@@ -48,11 +48,13 @@ def find_blocks(model: nn.Module) -> tuple[str, int] | None:
 
 
 def is_embedding_param(name: str, module: nn.Module) -> bool:
-    return isinstance(module, nn.Embedding) or any("embed" in part or part in ("wte", "wpe") for part in name.split(".")[:-1])
+    return isinstance(module, nn.Embedding) or any("embed" in part or part in ("wte", "wpe")
+                                                   for part in name.split(".")[:-1])
 
 
 def is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) or "Norm" in type(module).__name__
+    return isinstance(module, (nn.LayerNorm, nn.GroupNorm,
+                               getattr(nn, "RMSNorm", nn.LayerNorm))) or "Norm" in type(module).__name__
 
 
 LORA_B = re.compile(r"(^|\.)lora_(embedding_)?B(\.|$)")
@@ -113,7 +115,8 @@ def layerwise_param_groups(model: nn.Module, infos: list[ParamInfo]) -> list[dic
 
 
 def group_summary(infos: list[ParamInfo]) -> list[dict]:
-    """One row per (depth, decay, LR): what `hf-tune plan` prints (LoRA+ gives a block's B matrices a row of their own)."""
+    """One row per (depth, decay, LR): what `hf-tune plan` prints (LoRA+ gives a block's B matrices a row of their
+    own)."""
     rows: dict[tuple[int, bool, float], dict] = {}
     for info in infos:
         row = rows.setdefault((info.depth, info.decay, info.lr), {"depth": info.depth, "params": 0, "tensors": 0,
@@ -123,7 +126,8 @@ def group_summary(infos: list[ParamInfo]) -> list[dict]:
     return [rows[key] for key in sorted(rows)]
 
 
-def recipe_param_infos(model: nn.Module, optim: OptimSection, learning_rate: float, weight_decay: float) -> list[ParamInfo]:
+def recipe_param_infos(model: nn.Module, optim: OptimSection, learning_rate: float,
+                       weight_decay: float) -> list[ParamInfo]:
     return describe_parameters(model, learning_rate, weight_decay, layerwise_lr_decay=optim.layerwise_lr_decay,
                                head_lr=optim.head_lr, no_decay=optim.no_decay,
                                loraplus_lr_ratio=optim.loraplus_lr_ratio)

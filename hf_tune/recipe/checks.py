@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import importlib.util
 
-from hf_tune.runtime.ds_config import check_deepspeed_config
-from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
+from hf_tune.catalog.methods import METHODS, method_of
+from hf_tune.catalog.rewards import reward_spec
+from hf_tune.catalog.tasks import task_of
+from hf_tune.catalog.trackers import TRACKERS
+from hf_tune.errors import RecipeError
+from hf_tune.metrics import metric_path
 from hf_tune.recipe.chunked_loss_checks import check_chunked_loss
 from hf_tune.recipe.data_checks import check_sources
 from hf_tune.recipe.evaluation_tasks import check_evaluation_tasks, is_task_metric, mistyped_task, shipped_tasks
-from hf_tune.catalog.methods import METHODS, method_of
-from hf_tune.metrics import metric_path
 from hf_tune.recipe.quantization import check_quantization
 from hf_tune.recipe.schedule_checks import check_training_steps
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.search_space import check_search_settings
-from hf_tune.catalog.rewards import reward_spec
-from hf_tune.catalog.tasks import task_of
-from hf_tune.catalog.trackers import TRACKERS
+from hf_tune.runtime.ds_config import check_deepspeed_config
 
 
 def check_consistency(recipe: Recipe, optim_given: bool) -> None:
@@ -214,7 +214,7 @@ def _refuse_mistyped_task(best: str, tasks: list[str]) -> None:
                           f"evaluation.tasks has {task!r}", fix=f"did you mean {best.replace(named, task, 1)!r}?")
     raise RecipeError("evaluation.tasks", f"{task!r} is not the task training.metric_for_best_model {best!r} scores "
                       f"({named!r})", fix=f"did you mean {named!r}?" if named in shipped else
-                      f"spell the task the same in evaluation.tasks and training.metric_for_best_model")
+                      "spell the task the same in evaluation.tasks and training.metric_for_best_model")
 
 
 # Optional integrations: the package a recipe key needs, and how to install it (each tracker's from its entry).

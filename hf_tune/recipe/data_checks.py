@@ -3,9 +3,9 @@ Pure: reads the recipe only."""
 
 from __future__ import annotations
 
-from hf_tune.errors import RecipeError
 from hf_tune.catalog.formats import format_names
 from hf_tune.catalog.methods import method_of
+from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
 
 MIXABLE_FORMATS = format_names(mixable=True)  # all become input_ids + labels

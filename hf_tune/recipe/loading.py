@@ -25,7 +25,8 @@ def read_recipe(recipe: str | os.PathLike | dict[str, Any], overrides: list[str]
     else:
         source = Path(recipe)
         if not source.is_file():
-            raise RecipeError("", f"recipe file not found: {source}", fix="pass the path of a YAML recipe, e.g. recipes/llm_lora.yaml")
+            raise RecipeError("", f"recipe file not found: {source}",
+                              fix="pass the path of a YAML recipe, e.g. recipes/llm_lora.yaml")
         try:
             raw = read_yaml(source.read_text()) or {}
         except yaml.YAMLError as err:

@@ -56,7 +56,8 @@ def check_quantization(recipe: Recipe) -> None:
                           fix=f"set {KEY}.load_in_4bit: true (QLoRA), or remove {KEY}")
     quant_type = config.get("bnb_4bit_quant_type", "fp4")
     if quant_type not in QUANT_TYPES:
-        raise RecipeError(f"{KEY}.bnb_4bit_quant_type", f"is {quant_type!r}", fix=f"use one of {', '.join(QUANT_TYPES)}")
+        raise RecipeError(f"{KEY}.bnb_4bit_quant_type", f"is {quant_type!r}",
+                          fix=f"use one of {', '.join(QUANT_TYPES)}")
     for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
         if config.get(key) is not None and str(config[key]).removeprefix("torch.") not in DTYPES + ("uint8",):
             raise RecipeError(f"{KEY}.{key}", f"is {config[key]!r}", fix=f"use one of {', '.join(DTYPES)}")

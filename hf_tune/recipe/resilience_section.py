@@ -9,9 +9,8 @@ import importlib.util
 from pydantic import Field, field_validator
 
 from hf_tune.errors import RecipeError
-from hf_tune.redaction import url_has_credentials
 from hf_tune.recipe.section import Section
-
+from hf_tune.redaction import url_has_credentials
 
 
 class ResilienceSection(Section):

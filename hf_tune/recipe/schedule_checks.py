@@ -8,8 +8,8 @@ import dataclasses
 import os
 from typing import Any
 
-from hf_tune.errors import RecipeError
 from hf_tune.catalog.methods import method_of
+from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
 
 

@@ -36,7 +36,7 @@ from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
 from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.catalog.tasks import DEFAULT_TASK, TASKS
 from hf_tune.recipe.resilience_section import ResilienceSection
-from hf_tune.recipe.search_section import Distribution, SearchSection  # re-exported: the search sections' importers
+from hf_tune.recipe.search_section import Distribution, SearchSection  # noqa: F401  re-exported for their importers
 from hf_tune.recipe.section import Section as _Section
 
 METHOD_DEFAULTS = ", ".join(  # "preference for dpo and reward, ...": the formats the other methods read first
@@ -48,7 +48,8 @@ class ModelSection(_Section):
     """What ``AutoModel*.from_pretrained`` gets (upstream names), plus the task head."""
 
     pretrained_model_name_or_path: str = Field(
-        description="Hub id, local folder, or an embedded model: embedded:SmolLM2-135M-Instruct, embedded:all-MiniLM-L6-v2"
+        description="Hub id, local folder, or an embedded model: embedded:SmolLM2-135M-Instruct, "
+                    "embedded:all-MiniLM-L6-v2"
     )
     task: Literal[tuple(TASKS)] = Field(  # the table's names: hf_tune.catalog.tasks
         default=DEFAULT_TASK, description="the model head; default: the method's (reward_model for method: reward)")
@@ -58,7 +59,8 @@ class ModelSection(_Section):
     attn_implementation: str | None = Field(
         default=None, description="from_pretrained's: eager | sdpa | flash_attention_2 | ..., or hf_tune's sdpa_varlen "
                                   "(default for causal LMs on transformers' attention interface: SDPA that runs each "
-                                  "example of a flattened row apart, so packs need no padding; hf_tune.model.attention)")
+                                  "example of a flattened row apart, so packs need no padding; "
+                                  "hf_tune.model.attention)")
     trust_remote_code: bool = False
     num_labels: PositiveInt | None = None
     ignore_mismatched_sizes: bool | None = Field(
@@ -78,13 +80,13 @@ class ModelSection(_Section):
                                   "gradient is computed in forward), else off with a log line; true: required (a "
                                   "trained head's logits are recomputed in backward); false: off")
     fast_lora_dropout: bool = Field(
-        default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.model.dropout: same "
-                                  "dropout, p rounded to 1/65536; faster than nn.Dropout on CPU, see docs/speed.md); "
-                                  "false keeps PEFT's nn.Dropout")
+        default=True, description="LoRA dropout masks from 16 random bits per element on CPU (hf_tune.model.dropout: "
+                                  "same dropout, p rounded to 1/65536; faster than nn.Dropout on CPU, see "
+                                  "docs/speed.md); false keeps PEFT's nn.Dropout")
     quantization_config: dict[str, Any] | None = Field(
-        default=None, description="transformers.BitsAndBytesConfig arguments, verbatim: load_in_4bit (bnb_4bit_quant_type "
-                                  "nf4 | fp4, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype) or load_in_8bit; needs "
-                                  "a lora section (QLoRA; hf_tune.model.quantization)")
+        default=None, description="transformers.BitsAndBytesConfig arguments, verbatim: load_in_4bit "
+                                  "(bnb_4bit_quant_type nf4 | fp4, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype) "
+                                  "or load_in_8bit; needs a lora section (QLoRA; hf_tune.model.quantization)")
     router_aux_loss_coef: float | None = Field(
         default=None, ge=0, description="a mixture of experts (SFT): the router's load-balancing loss coefficient "
                                         "(the config's key); default: the config's own, 0 turns the loss off "
@@ -96,7 +98,8 @@ class ModelSection(_Section):
 
 
 class DatasetSource(_Section):
-    """Arguments of ``datasets.load_dataset`` (upstream names). ``path`` may also be a local .jsonl/.json/.csv/.parquet/.txt file."""
+    """Arguments of ``datasets.load_dataset`` (upstream names). ``path`` may also be a local
+    .jsonl/.json/.csv/.parquet/.txt file."""
 
     path: str
     name: str | None = None
@@ -166,18 +169,21 @@ class DataSection(_Section):
     @model_validator(mode="after")
     def _one_eval_source(self) -> "DataSection":
         if self.eval is not None and self.eval_split is not None:
-            raise ValueError("set either data.eval (a file or split) or data.eval_split (a fraction of train), not both")
+            raise ValueError("set either data.eval (a file or split) or data.eval_split (a fraction of train), "
+                             "not both")
         return self
 
 
 class OptimSection(_Section):
     """Optimizer groups and LR schedule (our keys). The optimizer class still comes from ``training.optim``."""
 
-    layerwise_lr_decay: float = Field(default=1.0, gt=0, le=1, description="LR x decay per layer below the top; 1 = off")
+    layerwise_lr_decay: float = Field(default=1.0, gt=0, le=1,
+                                      description="LR x decay per layer below the top; 1 = off")
     head_lr: PositiveFloat | None = Field(default=None, description="LR of everything after the last block")
     no_decay: list[str] | None = Field(
         default=None, description="regexes of parameter names without weight decay; default: biases, norms, embeddings")
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="floor of the cosine schedule, x each group's peak")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1,
+                                description="floor of the cosine schedule, x each group's peak")
     loraplus_lr_ratio: PositiveFloat | None = Field(
         default=None, description="LoRA+: the LR of LoRA B matrices x this ratio (the paper suggests 16), on top of "
                                   "their depth's LR; needs a lora section")
@@ -186,13 +192,16 @@ class OptimSection(_Section):
 class EvaluationSection(_Section):
     """Metrics computed at each evaluation, and early stopping (``EarlyStoppingCallback`` arguments)."""
 
-    metrics: list[str] = Field(default_factory=list, description="accuracy, f1 (macro), or a path to an evaluate module")
+    metrics: list[str] = Field(default_factory=list,
+                               description="accuracy, f1 (macro), or a path to an evaluate module")
     early_stopping_patience: PositiveInt | None = None
     early_stopping_threshold: float = Field(default=0.0, ge=0)
     tasks: list[str] = Field(default_factory=list, description=(
         "lm-evaluation-harness tasks scored on the model at each evaluation, logged as eval_<task>_<metric>: lm-eval "
-        "task names, hf_tune's shipped hf_tune_arithmetic, hf_tune_chat_skills or hf_tune_persona (offline), or paths to lm-eval task YAMLs"))
-    limit: PositiveFloat | None = Field(default=None, description="lm-eval's limit: examples per task (a fraction if < 1)")
+        "task names, hf_tune's shipped hf_tune_arithmetic, hf_tune_chat_skills or hf_tune_persona (offline), or "
+        "paths to lm-eval task YAMLs"))
+    limit: PositiveFloat | None = Field(default=None,
+                                        description="lm-eval's limit: examples per task (a fraction if < 1)")
     num_fewshot: int | None = Field(default=None, ge=0, description="lm-eval's num_fewshot (default: the task's)")
     batch_size: PositiveInt = Field(default=8, description="lm-eval's batch size")
     apply_chat_template: bool = Field(default=False, description=(
@@ -213,7 +222,8 @@ class HubSection(_Section):
 
 class TrackingSection(_Section):
     """Run identity for the trackers named in ``training.report_to`` (wandb, mlflow, trackio, tensorboard): name and
-    project also become Trainer's ``run_name`` / ``project`` unless ``training`` sets them (hf_tune.lifecycle.tracking)."""
+    project also become Trainer's ``run_name`` / ``project`` unless ``training`` sets them
+    (hf_tune.lifecycle.tracking)."""
 
     project: str | None = None
     name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")

@@ -63,7 +63,8 @@ class SearchSection(Section):
     cv: int | None = Field(default=None, ge=2, description="k: each trial's value is the mean of its metric over k "
                                                           "stratified folds of data.train (scikit-learn's cv=k)")
     terminator: Literal["none", "stagnation", "regret_bound", "emmr"] = Field(
-        default="none", description="stop the study once more trials are unlikely to beat the best (Optuna's Terminator)")
+        default="none", description="stop the study once more trials are unlikely to beat the best "
+                                    "(Optuna's Terminator)")
     terminator_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="e.g. max_stagnation_trials, min_n_trials")
     backend: Literal["optuna", "ray"] = Field(default="optuna", description="optuna, or ray (Ray Tune: ASHA, PBT)")

@@ -118,7 +118,8 @@ def check_space(space: dict[str, Any], raw: dict[str, Any], sampler: str) -> Non
                                       "be searched", fix=f"use one of {target.choices}")
             elif recipe_value(raw, other) is _MISSING:
                 raise RecipeError(path, f"{other!r} is neither searched nor set in the recipe",
-                                  fix="name a key of search.space, or a key the recipe sets (method, training.optim ...)")
+                                  fix="name a key of search.space, or a key the recipe sets "
+                                      "(method, training.optim ...)")
         if dist.when and sampler == "grid":
             raise RecipeError(f"search.space.{key}.when", "the grid sampler needs every key in every trial",
                               fix="use another sampler (tpe, random), or remove the condition")
@@ -151,7 +152,8 @@ def check_search_settings(recipe) -> None:
             raise RecipeError(f"search.{key}", "applies to search.backend: ray", fix="set search.backend: ray")
         return
     if importlib.util.find_spec("ray") is None:
-        raise RecipeError("search.backend", "ray needs Ray Tune, which is not installed", fix="pip install 'hf_tune[ray]'")
+        raise RecipeError("search.backend", "ray needs Ray Tune, which is not installed",
+                          fix="pip install 'hf_tune[ray]'")
     if multi:
         raise RecipeError("search.metric", "backend ray searches one metric", fix="use backend optuna for several")
     if search.sampler not in ("tpe", "random", "grid") or search.terminator != "none":

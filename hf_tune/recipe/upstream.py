@@ -15,7 +15,8 @@ from hf_tune.errors import RecipeError
 from hf_tune.redaction import unknown_key
 
 # Values TrainingArguments accepts without complaint but that can only be mistakes.
-_POSITIVE = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+_POSITIVE = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
+             "gradient_accumulation_steps")
 _NON_NEGATIVE = ("weight_decay", "warmup_steps", "num_train_epochs", "max_grad_norm", "adam_epsilon")
 
 
@@ -30,7 +31,8 @@ def _init_fields(cls: type) -> dict[str, Any]:
     return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
 
 
-def check_upstream_kwargs(section: str, values: dict[str, Any], cls: type, reserved: dict[str, str] | None = None) -> dict[str, Any]:
+def check_upstream_kwargs(section: str, values: dict[str, Any], cls: type,
+                          reserved: dict[str, str] | None = None) -> dict[str, Any]:
     """Check every key of ``values`` is an init field of dataclass ``cls`` with a value of its declared type.
 
     Returns the values with YAML strings converted where the type asks (``"1e-4"`` -> ``1e-4``: PyYAML reads
@@ -49,7 +51,8 @@ def check_upstream_kwargs(section: str, values: dict[str, Any], cls: type, reser
         try:
             converted = TypeAdapter(fields[key]).validate_python(value)
         except ValidationError as err:
-            raise RecipeError(path, f"expected {_type_name(fields[key])}, got {value!r}: {err.errors()[0]['msg']}") from None
+            raise RecipeError(path, f"expected {_type_name(fields[key])}, got {value!r}: "
+                                    f"{err.errors()[0]['msg']}") from None
         except Exception:  # a type pydantic cannot express: leave it to the upstream class
             converted = value
         checked[key] = converted if isinstance(value, str) and not isinstance(converted, str) else value

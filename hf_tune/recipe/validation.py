@@ -11,17 +11,28 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
+from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 from hf_tune.catalog.templates import names_a_template, template_names
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
-from hf_tune.recipe.schema import (SECTIONS, DataSection, EvaluationSection, HubSection, ModelSection, OptimSection,
-                                   MachineSection, ProfileSection, Recipe, SearchSection, TrackingSection)
 from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
+from hf_tune.recipe.schema import (
+    SECTIONS,
+    DataSection,
+    EvaluationSection,
+    HubSection,
+    MachineSection,
+    ModelSection,
+    OptimSection,
+    ProfileSection,
+    Recipe,
+    SearchSection,
+    TrackingSection,
+)
 from hf_tune.recipe.upstream import check_lora_values, check_training_values, check_upstream_kwargs, did_you_mean
 from hf_tune.redaction import is_secret_key, refuse_secrets, unknown_key
-from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 
 # Keys the recipe sets in its own sections, never inside `lora` (peft.LoraConfig).
 _LORA_RESERVED = {"task_type": "it follows model.task; remove lora.task_type"}
@@ -31,7 +42,8 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     refuse_secrets(raw, keys=False)  # token-shaped values first: no later message may echo one
     for section in raw:
         if section not in SECTIONS:
-            raise RecipeError(str(section), f"unknown section; a recipe has {', '.join(SECTIONS)}", fix=did_you_mean(str(section), SECTIONS))
+            raise RecipeError(str(section), f"unknown section; a recipe has {', '.join(SECTIONS)}",
+                              fix=did_you_mean(str(section), SECTIONS))
     for section in ("model", "data"):
         if not raw.get(section):
             raise RecipeError(section, "required section is missing")
@@ -45,7 +57,8 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     tracking = _parse_section(TrackingSection, raw.get("tracking") or {}, "tracking")
     profile = _parse_section(ProfileSection, raw["profile"] or {}, "profile") if "profile" in raw else None
     resilience = _parse_section(ResilienceSection, raw.get("resilience") or {}, "resilience")
-    machine = _parse_section(MachineSection, raw["machine"] or {}, "machine") if raw.get("machine") is not None else None
+    machine = (_parse_section(MachineSection, raw["machine"] or {}, "machine") if raw.get("machine") is not None
+               else None)
     teacher = _parse_section(ModelSection, raw["teacher"], "teacher") if raw.get("teacher") is not None else None
 
     from peft import LoraConfig
@@ -194,7 +207,8 @@ def _check_files(recipe: Recipe) -> None:
     sources = recipe.data.train_sources + ([("data.eval", recipe.data.eval)] if recipe.data.eval else [])
     for name, source in sources:
         if Path(source.path).suffix in LOCAL_DATA_SUFFIXES and not Path(source.path).is_file():
-            raise RecipeError(f"{name}.path", f"file not found: {source.path}", fix="paths are relative to the folder you run from")
+            raise RecipeError(f"{name}.path", f"file not found: {source.path}",
+                              fix="paths are relative to the folder you run from")
         if source.path in PACKAGED_BUILDERS:  # data_files are local files then (Hub datasets resolve their own)
             for pattern in data_file_patterns(source.data_files):
                 if "://" not in pattern and not glob.glob(os.path.expanduser(pattern)):

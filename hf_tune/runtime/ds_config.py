@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hf_tune.runtime.distributed import accelerator_available
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.runtime.distributed import accelerator_available
 
 BUNDLED_DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
 

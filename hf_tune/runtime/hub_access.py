@@ -51,7 +51,8 @@ def hub_repo_problem(repo_id: str, repo_type: str, revision: str | None = None) 
         other = "dataset" if repo_type == "model" else "model"
         return RepoProblem(f"the Hub has no {repo_type} {repo_id!r} that {_asker()} can read (it does not exist, or "
                            "it is private)", fix=f"check the spelling (is it a {other}, or did you mean a local path? "
-                           f"local paths start with ./ or /); for a private repo, {LOGIN} with a token that can read it")
+                           f"local paths start with ./ or /); for a private repo, {LOGIN} with a token that can "
+                           "read it")
     except HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else "no status"
         if status == 401:  # not a repo's answer (that is RepoNotFound): the token itself is refused

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import sys
 
-from hf_tune.commands.command_line import (configure_logging, launcher_parser, plain_progress_off_a_terminal,
-                                          user_errors)
+from hf_tune.commands.command_line import configure_logging, launcher_parser, plain_progress_off_a_terminal, user_errors
+from hf_tune.runtime.process import settle_process
 
 plain_progress_off_a_terminal()  # before the libraries below load: tqdm reads it at its import
+settle_process()  # before torch loads: MKL reads MKL_CBWR at its first call
 
-from hf_tune.runtime.distributed import end_process_group
-from hf_tune.build.loading import load_recipe
-from hf_tune.search import format_summary, search
+from hf_tune.build.loading import load_recipe  # noqa: E402  after the two calls above, which must come first
+from hf_tune.runtime.distributed import end_process_group  # noqa: E402
+from hf_tune.search import format_summary, search  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from hf_tune.lifecycle import run_folder
 from hf_tune.errors import RecipeError
+from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
 
 STUDY_JSON = "study.json"  # in a study folder: which backend ran it, its name, metrics and trials (summary.py)

@@ -1,6 +1,6 @@
 """A cross-validated study (``search.cv: k``): a trial's value is the mean of its metric over k stratified folds of
-data.train, the same seeded folds for every trial (``hf_tune.search.folds.kfold_splits``), each fold trained and evaluated by
-``hf_tune.search.folds.train_fold``.
+data.train, the same seeded folds for every trial (``hf_tune.search.folds.kfold_splits``), each fold trained and
+evaluated by ``hf_tune.search.folds.train_fold``.
 
 A trial reports each fold's metric as an intermediate value with step = the fold's id, so Optuna's WilcoxonPruner
 pairs it fold by fold with the best trial's same folds, and stops the trial after the fold where the paired test
@@ -22,17 +22,24 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from hf_tune.trainer.checkpoints import last_complete_checkpoint
-from hf_tune.search.folds import Folds, kfold_splits, train_fold
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
 from hf_tune.search.backend import base_recipe, study_paths
+from hf_tune.search.folds import Folds, kfold_splits, train_fold
 from hf_tune.search.optuna_summary import FOLD_ORDER, FOLD_VALUES, summarize
 from hf_tune.search.resume import claimed_orphans, heartbeat, this_worker
 from hf_tune.search.sampling import make_terminator, sample_trial, trial_recipe, warn_if_random_search
-from hf_tune.search.study import (SurplusTrial, ask, objective_values, open_study, record_failure, study_has_room,
-                                  trainable_params)
+from hf_tune.search.study import (
+    SurplusTrial,
+    ask,
+    objective_values,
+    open_study,
+    record_failure,
+    study_has_room,
+    trainable_params,
+)
+from hf_tune.trainer.checkpoints import last_complete_checkpoint
 from hf_tune.trainer.preemption import Preempted
 
 logger = logging.getLogger(__name__)

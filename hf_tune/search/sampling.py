@@ -11,10 +11,9 @@ import optuna
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.overrides import apply_values
-from hf_tune.recipe.schema import Recipe
-from hf_tune.recipe.validation import validate_recipe
-from hf_tune.recipe.schema import Distribution, SearchSection
+from hf_tune.recipe.schema import Distribution, Recipe, SearchSection
 from hf_tune.recipe.search_space import decode_choice, encoded_choices, sample_space
+from hf_tune.recipe.validation import validate_recipe
 
 logger = logging.getLogger(__name__)
 LOWER_IS_BETTER = ("loss", "perplexity", "trainable_params")

@@ -19,20 +19,27 @@ from typing import Any
 import optuna
 
 from hf_tune.build.run_build import build_data, build_run
-from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection
 from hf_tune.recipe.search_space import trial_reads_base_data
+from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.search.backend import StudyPaths, base_recipe, study_paths
 from hf_tune.search.optuna_summary import summarize
 from hf_tune.search.pruning import OptunaPruning
 from hf_tune.search.resume import heartbeat, resume_orphaned_trials, this_worker
 from hf_tune.search.sampling import make_terminator, sample_trial, trial_recipe, warn_if_random_search
-from hf_tune.search.study import (SurplusTrial, ask, objective_values, open_study, record_failure, study_has_room,
-                                  trainable_params)
-from hf_tune.training_args import build_training_arguments
+from hf_tune.search.study import (
+    SurplusTrial,
+    ask,
+    objective_values,
+    open_study,
+    record_failure,
+    study_has_room,
+    trainable_params,
+)
 from hf_tune.trainer.preemption import Preempted
+from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
 

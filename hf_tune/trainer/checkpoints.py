@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_tune.lifecycle import run_folder
-from hf_tune.runtime.distributed import decided_on_main, ranks_without, wait_for_every_rank
 from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
-
+from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.run_folder import checkpoints, is_complete, last_complete_checkpoint, mark_complete  # noqa: F401
+from hf_tune.runtime.distributed import decided_on_main, ranks_without, wait_for_every_rank
 
 logger = logging.getLogger(__name__)
 MARKER = run_folder.CHECKPOINT_MARKER

@@ -14,11 +14,11 @@ from accelerate.data_loader import IterableDatasetShard
 from transformers import Trainer
 from typing_extensions import override
 
-from hf_tune.model.loss import is_chunked
+from hf_tune.catalog.methods import method_of
 from hf_tune.data.streaming import split_by_hf_tune
 from hf_tune.errors import HfTuneError
-from hf_tune.catalog.methods import method_of
 from hf_tune.model.chunked_head import hidden_state_inputs
+from hf_tune.model.loss import is_chunked
 from hf_tune.optim import layerwise_param_groups, recipe_param_infos
 from hf_tune.recipe.schema import OptimSection
 from hf_tune.trainer.flat_pairs import FlatPreferenceRows
@@ -35,9 +35,9 @@ class HfTuneMixin:
     """hf_tune's features for any ``Trainer`` subclass (placed before it in the bases): the optimizer gets hf_tune's
     parameter groups (decay / no decay, layer-wise LR decay, head LR), a non-finite loss stops training on every rank
     at the next log or save, before any checkpoint holds it (``hf_tune.trainer.loss_guard``), and logs add the LR of the
-    lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.trainer.throughput``) and, for supervised
-    causal LMs, eval perplexity. The NaN guard, the throughput counter and the others the hooks feed are callbacks
-    that ``hf_tune.build.run_build.attach_callbacks`` attaches and hands to the trainer as its ``monitors``
+    lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.trainer.throughput``) and, for
+    supervised causal LMs, eval perplexity. The NaN guard, the throughput counter and the others the hooks feed are
+    callbacks that ``hf_tune.build.run_build.attach_callbacks`` attaches and hands to the trainer as its ``monitors``
     (``hf_tune.trainer.monitors``); a trainer without them stops at its first hook with an error saying so.
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every

@@ -12,9 +12,8 @@ from pathlib import Path
 import psutil
 import torch
 
-from hf_tune.runtime.machine import cpu_name
 from hf_tune.model.embedded import cache_dir
-
+from hf_tune.runtime.machine import cpu_name
 
 # Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets: float32 (FMA), tf32 (tensor cores, used for float32
 # matmuls when torch's float32 matmul precision is not "highest"), bfloat16 / float16 (tensor cores). Data sheets

@@ -1,16 +1,16 @@
 """Roll back instead of dying (``resilience.rollback_on_nonfinite``): a non-finite loss or gradient reloads the last
 complete checkpoint, skips the optimizer step whose batches gave it, and training goes on.
 
-The NaN guard (``loss_guard.py``, fed each loss and, here, each step's gradient norm) raises ``NonFiniteLoss`` on every rank with the first bad step S, before anything
-of it is logged or saved. ``train_with_rollbacks`` catches it and calls Trainer's public
-``train(resume_from_checkpoint=<last complete checkpoint>)`` again, on the same trainer: weights, optimizer,
-scheduler, RNG states and the data position come back from the checkpoint, so steps up to S - 1 replay exactly. At
-step S, ``HfTuneMixin.training_step`` asks ``StepSkips`` and returns a zero loss for each of that step's micro-batches
-without a forward or backward pass: no gradient exists, so the optimizer updates nothing (torch's optimizers pass over
-parameters without a gradient: weights and moments stay as they were), while the scheduler and the data move on by one
-step. The skipped batches are thus left out and every other batch keeps its place in the data order. Each rollback
-is logged and kept in ``run.json`` (``rollbacks``: the step, the checkpoint reloaded, each skipped micro-batch's
-sequences, tokens and the sha256 of its token ids, this rank's).
+The NaN guard (``loss_guard.py``, fed each loss and, here, each step's gradient norm) raises ``NonFiniteLoss`` on every
+rank with the first bad step S, before anything of it is logged or saved. ``train_with_rollbacks`` catches it and calls
+Trainer's public ``train(resume_from_checkpoint=<last complete checkpoint>)`` again, on the same trainer: weights,
+optimizer, scheduler, RNG states and the data position come back from the checkpoint, so steps up to S - 1 replay
+exactly. At step S, ``HfTuneMixin.training_step`` asks ``StepSkips`` and returns a zero loss for each of that step's
+micro-batches without a forward or backward pass: no gradient exists, so the optimizer updates nothing (torch's
+optimizers pass over parameters without a gradient: weights and moments stay as they were), while the scheduler and the
+data move on by one step. The skipped batches are thus left out and every other batch keeps its place in the data order.
+Each rollback is logged and kept in ``run.json`` (``rollbacks``: the step, the checkpoint reloaded, each skipped
+micro-batch's sequences, tokens and the sha256 of its token ids, this rank's).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 
 class StepSkips(TrainerCallback):
     """The optimizer steps whose batches are skipped (1-based global steps), and what was skipped. A callback handed
-    to the trainer's hooks in its monitors (``HfTuneMixin.training_step``), like the NaN guard. Before each optimizer step
-    it feeds the gradients' total norm to the NaN guard (on the device, no host sync), so that a non-finite gradient
-    under a finite loss rolls back too, and at its own step."""
+    to the trainer's hooks in its monitors (``HfTuneMixin.training_step``), like the NaN guard. Before each optimizer
+    step it feeds the gradients' total norm to the NaN guard (on the device, no host sync), so that a non-finite
+    gradient under a finite loss rolls back too, and at its own step."""
 
     def __init__(self, guard: NonFiniteLossGuard | None = None, steps: set[int] | None = None):
         self.guard = guard

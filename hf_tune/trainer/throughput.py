@@ -6,10 +6,10 @@ batches alike. Model FLOPs are the ones training needs: every linear layer and a
 head on the positions it projects, a backward pass that computes weight gradients only where weights train (so a
 LoRA run counts about 4 FLOPs per parameter and token, a full fine-tune 6).
 
-MFU divides them by the hardware's theoretical peak (``hf_tune.trainer.peak_flops``), the convention of published MFU figures:
-a GPU's data-sheet dense peak for the dtype, a CPU's cores x clock x FLOPs per cycle of its widest vector FMA. A dense
-matmul peak measured once per CPU model or GPU (cached) is kept as a second figure, ``mfu_measured_peak``: it says
-how close the run came to what this host's matmuls reach, but it moves with the host's load (2-thread fp32 on one
+MFU divides them by the hardware's theoretical peak (``hf_tune.trainer.peak_flops``), the convention of published MFU
+figures: a GPU's data-sheet dense peak for the dtype, a CPU's cores x clock x FLOPs per cycle of its widest vector FMA.
+A dense matmul peak measured once per CPU model or GPU (cached) is kept as a second figure, ``mfu_measured_peak``: it
+says how close the run came to what this host's matmuls reach, but it moves with the host's load (2-thread fp32 on one
 kind of machine: 69 to 311 GFLOP/s), so only the first compares runs across hosts.
 """
 

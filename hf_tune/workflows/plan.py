@@ -9,21 +9,21 @@ from pathlib import Path
 import torch
 from transformers import get_scheduler
 
-from hf_tune.lifecycle import run_folder
-from hf_tune.build.run_build import build_method_data
-from hf_tune.data import TrainingData, build_training_data, dataset_labels
-from hf_tune.errors import RecipeError
-from hf_tune.catalog.formats import format_of
-from hf_tune.model.memory import RUNTIME_RESERVE_BYTES, model_state_memory
-from hf_tune.catalog.methods import method_of
-from hf_tune.model import build_tokenizer
-from hf_tune.model.moe import moe_shape
-from hf_tune.model.meta import build_meta_model
-from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
-from hf_tune.recipe.schema import Recipe
-from hf_tune.catalog.tasks import task_of
 from hf_tune.build.decisions import decide
 from hf_tune.build.memory_fit import estimate_peak, pack_padding_ratio
+from hf_tune.build.run_build import build_method_data
+from hf_tune.catalog.formats import format_of
+from hf_tune.catalog.methods import method_of
+from hf_tune.catalog.tasks import task_of
+from hf_tune.data import TrainingData, build_training_data, dataset_labels
+from hf_tune.errors import RecipeError
+from hf_tune.lifecycle import run_folder
+from hf_tune.model import build_tokenizer
+from hf_tune.model.memory import RUNTIME_RESERVE_BYTES, model_state_memory
+from hf_tune.model.meta import build_meta_model
+from hf_tune.model.moe import moe_shape
+from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
+from hf_tune.recipe.schema import Recipe
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
@@ -277,7 +277,8 @@ def format_plan(result: dict) -> str:
     quantized = result.get("quantized_weights")
     if quantized:
         lines.append(f"\nweights ({quantized['quantization']}): {quantized['bytes'] / 2**30:.3f} GB for "
-                     f"{quantized['params']:,} parameters ({quantized['full_precision_bytes'] / 2**30:.3f} GB unquantized)")
+                     f"{quantized['params']:,} parameters "
+                     f"({quantized['full_precision_bytes'] / 2**30:.3f} GB unquantized)")
     lines.append(f"\nmodel-state memory per rank ({result['world_size']} ranks, {result['memory_precision']}, AdamW; "
                  "activations not included):")
     lines.append(f"{'setup':<16} {'accelerator':>12} {'CPU':>10}")
@@ -286,8 +287,8 @@ def format_plan(result: dict) -> str:
         lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB{mark}")
     act = result["activations"]
     if act["tokens"]:
-        lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB kept for backward, {act['peak_bytes'] / 2**30:.2f} GB "
-                     f"at the peak of forward and backward, for {act['tokens']:,} tokens a micro-batch (activation "
+        lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB kept for backward, {act['peak_bytes'] / 2**30:.2f} "
+                     f"GB at the peak of forward and backward, for {act['tokens']:,} tokens a micro-batch (activation "
                      f"checkpointing {'on' if act['checkpointing'] else 'off'})")
         lines.append(f"  {act['source']}: {act['detail']}")
     else:
@@ -295,7 +296,8 @@ def format_plan(result: dict) -> str:
     decided = result.get("decisions") or {}
     if decided:
         lines.append(f"  decided: attention {decided['attention'] or 'transformers default'}, padding-free "
-                     f"{'on' if decided['padding_free'] else 'off'}, chunked loss {'on' if decided['chunked_loss'] else 'off'}"
+                     f"{'on' if decided['padding_free'] else 'off'}, chunked loss "
+                     f"{'on' if decided['chunked_loss'] else 'off'}"
                      f", weights {decided['weights_dtype']}, mixed precision {decided['mixed_precision'] or 'off'}"
                      + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else "")
                      + (f", router load-balancing loss x {decided['router_aux_loss_coef']:g}"

@@ -11,26 +11,27 @@ from pathlib import Path
 import yaml
 from transformers import TrainerCallback
 
-from hf_tune.lifecycle import run_folder
 from hf_tune.build.decisions import ran
 from hf_tune.build.run_build import Run, build_run
+from hf_tune.catalog.tasks import task_of
+from hf_tune.data.preview import first_example_for_the_log
+from hf_tune.errors import HfTuneError
+from hf_tune.lifecycle import run_folder
+from hf_tune.lifecycle.manifest import now, write_manifest
+from hf_tune.lifecycle.model_card import render_model_card
+from hf_tune.lifecycle.report import write_report
+from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
+from hf_tune.lifecycle.tracking import tracking_scope
+from hf_tune.recipe.schema import Recipe
+from hf_tune.redaction import redact_secrets
+from hf_tune.runtime.distributed import check_distributed
+from hf_tune.runtime.process import settle_process
 from hf_tune.trainer.checkpoints import refuse_a_checkpoint_with_nothing_left, resume_checkpoint
 from hf_tune.trainer.mirror import mirror_restore, mirror_uploads
 from hf_tune.trainer.monitors import monitors_of
+from hf_tune.trainer.profiling import StepProfiler, profile_dir
 from hf_tune.trainer.rollback import earlier_rollbacks, skipped_batches, train_with_rollbacks
 from hf_tune.trainer.world_size import fit_world_size
-from hf_tune.runtime.distributed import check_distributed
-from hf_tune.data.preview import first_example_for_the_log
-from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.manifest import now, write_manifest
-from hf_tune.lifecycle.model_card import render_model_card
-from hf_tune.trainer.profiling import StepProfiler, profile_dir
-from hf_tune.recipe.schema import Recipe
-from hf_tune.redaction import redact_secrets
-from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
-from hf_tune.lifecycle.report import write_report
-from hf_tune.catalog.tasks import task_of
-from hf_tune.lifecycle.tracking import tracking_scope
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger("hf_tune")
@@ -39,7 +40,9 @@ logger = logging.getLogger("hf_tune")
 def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
     """Build everything from the recipe, train (resuming from the newest complete checkpoint unless the recipe says
     otherwise), and fill the run folder. Returns the trainer. ``callbacks``: the caller's, attached after hf_tune's.
-    A run stopped by SIGTERM / SIGUSR1 raises ``Preempted`` once its checkpoint is saved (the run is not finished)."""
+    A run stopped by SIGTERM / SIGUSR1 raises ``Preempted`` once its checkpoint is saved (the run is not finished).
+    Makes hf_tune's process-wide settings (``settle_process``), which importing hf_tune never makes."""
+    settle_process()
     started = now()
     args = build_training_arguments(recipe)
     run_dir = Path(args.output_dir)
@@ -56,7 +59,8 @@ def train(recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
     # bad data, a bad model or a run that cannot fit fails here, before anything is written (the launch: checked above)
     run = build_run(recipe, args, check_launch=False, callbacks=[*profiler, *callbacks])
     with tracking_scope(recipe, run_dir, run.trainer, lineage_datasets(run)):  # this run's trackers, restored after
-        with mirror_uploads(run.trainer, monitors_of(run.trainer).mirror):  # resilience.checkpoint_mirror: every upload awaited before leaving
+        # resilience.checkpoint_mirror: every upload awaited before leaving
+        with mirror_uploads(run.trainer, monitors_of(run.trainer).mirror):
             return _train(run, resume, started)
 
 

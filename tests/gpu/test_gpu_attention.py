@@ -77,6 +77,7 @@ def test_flash_attention_packed_losses_equal_each_example_alone(attention, smol_
 
 def test_the_build_chooses_an_attention_that_runs_examples_apart(tmp_path, tiny_llama_dir):
     from conftest import chat_recipe
+
     from hf_tune import build_model_and_tokenizer, load_recipe
     from hf_tune.model.attention import loaded_attn_implementation
     from hf_tune.model.attention_choice import flash_candidates

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from conftest import chat_recipe
 
 pytestmark = pytest.mark.gpu

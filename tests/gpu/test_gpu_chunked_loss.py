@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import chat_recipe
 
 pytestmark = pytest.mark.gpu

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import subprocess
 
+import launch
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, chat_recipe, free_port
-import launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 PROBE = REPO / "tests" / "gpu" / "fsdp_probe.py"

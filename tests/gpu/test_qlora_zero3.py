@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import math
 
+import launch
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, chat_recipe
-import launch
 
 pytestmark = pytest.mark.gpu
 
