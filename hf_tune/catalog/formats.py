@@ -6,10 +6,10 @@ here plus its normaliser; the rest of hf_tune looks the format up instead of nam
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
 from collections.abc import Callable
 from typing import Any
+
+from hf_tune.catalog.late_bound import resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Format:
     @property
     def normalize(self) -> Callable[[dict[str, Any]], Any]:
         """The normaliser, imported on first use (it may need datasets or TRL's helpers)."""
-        return _resolve(self.normalizer)
+        return resolve(self.normalizer)
 
     def layout(self, columns: list[str]) -> tuple[str, ...]:
         """The column set the data is read with: the first layout whose first column is there, else the first."""
@@ -100,12 +100,6 @@ FORMATS = {f.name: f for f in (
            "hf_tune.data.preference:prompt_row"),
 )}
 DEFAULT_FORMAT = next(iter(FORMATS))  # data.format's default with method sft
-
-
-@functools.cache
-def _resolve(dotted: str) -> Callable[[dict[str, Any]], Any]:
-    module, name = dotted.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def format_of(name: str | None) -> Format:

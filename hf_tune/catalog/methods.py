@@ -9,9 +9,10 @@ default first). Pure: nothing heavy is imported until a class is asked for.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import warnings
 from typing import Any
+
+from hf_tune.catalog.late_bound import resolve
 
 DEFAULT_METHOD = "sft"
 
@@ -102,11 +103,10 @@ def method_of(name: str | None) -> Method:
 
 
 def _resolve(dotted: str) -> type:
-    module, name = dotted.split(":")
     with warnings.catch_warnings():  # ORPO and CPO live in trl.experimental: tested at the TRL of constraints.txt
         warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'")
         try:
-            return getattr(importlib.import_module(module), name)
+            return resolve(dotted)
         except (ImportError, AttributeError) as err:  # an experimental trainer moved or went in a TRL release
             from importlib.metadata import version
 

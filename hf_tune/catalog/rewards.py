@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
 import re
 from collections.abc import Callable
 from typing import Any
 
+from hf_tune.catalog.late_bound import resolve
 from hf_tune.errors import RecipeError
 
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
@@ -134,9 +134,8 @@ def build_reward_funcs(entries: list[Any]) -> list[Callable[..., list[float]]]:
 
 
 def _import(path: str, index: int) -> Callable[..., list[float]]:
-    module, _, name = path.partition(":")
     try:
-        func = getattr(importlib.import_module(module), name)
+        func = resolve(path)
     except (ImportError, AttributeError) as err:
         raise RecipeError(f"rewards[{index}]", f"cannot import {path!r}: {err}",
                           fix="the module must be importable from where you run (PYTHONPATH), "

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 
 from hf_tune.catalog.formats import formats_trained_by
+from hf_tune.catalog.late_bound import resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +52,16 @@ class Task:
     @property
     def build_data(self):
         """The data builder, imported on first use."""
-        return _resolve(self.data_builder)
+        return resolve(self.data_builder)
 
     @property
     def build_check_inputs(self):
         """The merge check's inputs (``check_inputs``), imported on first use."""
-        return _resolve(self.check_inputs)
+        return resolve(self.check_inputs)
 
     @property
     def collator_class(self) -> type | None:
-        return _resolve(self.collator) if self.collator else None
+        return resolve(self.collator) if self.collator else None
 
     @property
     def model_class(self) -> type:
@@ -100,11 +101,6 @@ TASKS = {
         recipe_metrics=False, class_labels=False, num_labels=1),
 }
 DEFAULT_TASK = "causal_lm"
-
-
-def _resolve(dotted: str):
-    module, name = dotted.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def task_of(name: str | None) -> Task:

@@ -11,8 +11,9 @@ rest of hf_tune loops over the table. Pure: the functions are ``module:function`
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
+
+from hf_tune.catalog.late_bound import resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +39,7 @@ class Tracker:
         dotted = getattr(self, field)
         if dotted is None:
             return None
-        module, name = dotted.split(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(dotted)
 
 
 TRACKERS = {

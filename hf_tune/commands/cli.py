@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from hf_tune.catalog.export_formats import DEFAULT_EXPORT_FORMAT, DEFAULT_GGUF_QUANT, EXPORT_FORMATS, GGUF_QUANTS
 from hf_tune.catalog.trackers import tracker_files
 from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_terminal, recipe_arguments, user_errors
 from hf_tune.commands.option_types import device_here, gpu_memory_gb, number, whole
@@ -324,9 +325,10 @@ VERBS = {  # in the order `hf-tune --help` lists them
                "at a time)")), output=Output("folder", inputs=("run_dir",))),
     "export": Verb(_export, "write a run as one GGUF file (llama.cpp, LM Studio) or GGUF + Modelfile (Ollama); a LoRA "
                    "run is merged by shard first", options=(
-        RUN_DIR, option("--format", default="gguf", choices=["gguf", "ollama"]),
-        option("--quant", default="f16", choices=["f16", "bf16", "q8_0"], help="the 2-D weights' type (norms and "
-               "biases stay float32; default f16)"),
+        RUN_DIR, option("--format", default=DEFAULT_EXPORT_FORMAT, choices=list(EXPORT_FORMATS), help="; ".join(
+            f"{fmt.name}: {fmt.summary}" for fmt in EXPORT_FORMATS.values())),
+        option("--quant", default=DEFAULT_GGUF_QUANT, choices=list(GGUF_QUANTS), help="the 2-D weights' type (norms "
+               f"and biases stay float32; default {DEFAULT_GGUF_QUANT})"),
         option("--out", default=None, help="the .gguf file (default: RUN_DIR/gguf/model-QUANT.gguf; the Modelfile "
                "goes beside it)")), output=Output("file", ours=starts_with(b"GGUF"), inputs=("run_dir",))),
     "reproduce": Verb(_reproduce, "train a finished run again from its folder alone and say whether its weights and "

@@ -11,31 +11,32 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from hf_tune.catalog.export_formats import DEFAULT_EXPORT_FORMAT, DEFAULT_GGUF_QUANT, EXPORT_FORMATS, GGUF_QUANTS
 from hf_tune.errors import HfTuneError
 from hf_tune.lifecycle.run_reader import open_run
 
 logger = logging.getLogger(__name__)
-FORMATS = ("gguf", "ollama")
 MODELFILE = "Modelfile"
 
 
-def export(run_dir: str | Path, format: str = "gguf", quant: str = "f16", out: str | Path | None = None) -> dict:
+def export(run_dir: str | Path, format: str = DEFAULT_EXPORT_FORMAT, quant: str = DEFAULT_GGUF_QUANT,
+           out: str | Path | None = None) -> dict:
     """Write the run as GGUF to ``out`` (default ``RUN_DIR/gguf/model-QUANT.gguf``); ``format="ollama"`` also
     writes a ``Modelfile`` beside it. Returns what was written."""
     from transformers import AutoTokenizer
 
-    from hf_tune.model.gguf_export import QUANTS, write_gguf
+    from hf_tune.model.gguf_export import write_gguf
 
-    if format not in FORMATS:
-        raise HfTuneError(f"--format {format!r}: one of {', '.join(FORMATS)}")
-    if quant not in QUANTS:
-        raise HfTuneError(f"--quant {quant!r}: one of {', '.join(QUANTS)}")
+    if format not in EXPORT_FORMATS:
+        raise HfTuneError(f"--format {format!r}: one of {', '.join(EXPORT_FORMATS)}")
+    if quant not in GGUF_QUANTS:
+        raise HfTuneError(f"--quant {quant!r}: one of {', '.join(GGUF_QUANTS)}")
     run = open_run(run_dir, needs=("tokenizer", "weights")).require_causal_lm("GGUF export writes")
     out = Path(out) if out else run.path / "gguf" / f"model-{quant}.gguf"
     if out.suffix != ".gguf":
         raise HfTuneError(f"--out {out}: name the GGUF file (ending in .gguf)")
     modelfile_text = None
-    if format == "ollama":  # checked before the merge: a template Ollama cannot carry fails in seconds
+    if EXPORT_FORMATS[format].modelfile:  # checked before the merge: a template Ollama cannot carry fails in seconds
         from hf_tune.model.ollama_template import modelfile, stop_strings, turn_parts
 
         tokenizer = AutoTokenizer.from_pretrained(run.path)

@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hf_tune.catalog.export_formats import GGUF_QUANTS
 from hf_tune.errors import HfTuneError
 
 logger = logging.getLogger(__name__)
 
 # --quant: (ggml type of the 2-D weights, llama.cpp's file type); 1-D tensors (norms, biases) stay float32, as
 # llama.cpp's converter keeps them, and a q8_0 row not a multiple of its 32-value block falls back to float16
-QUANTS = {"f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
+QUANTS = GGUF_QUANTS  # the table's (hf_tune.catalog.export_formats)
 PRE_TOKENIZERS = {"qwen2": "qwen2", "qwen3": "qwen2"}  # llama.cpp's pre-tokenizer of a model type's BPE
 CONVERTER_HINT = ("  fix: convert the merged folder (hf-tune merge RUN_DIR) with llama.cpp's convert_hf_to_gguf.py, "
                   "which knows more architectures")

@@ -8,6 +8,7 @@ import importlib.util
 from hf_tune.catalog.formats import format_names, format_of, formats_trained_by
 from hf_tune.catalog.methods import METHODS, method_of
 from hf_tune.catalog.rewards import reward_spec
+from hf_tune.catalog.search_backends import SEARCH_BACKENDS
 from hf_tune.catalog.tasks import task_of
 from hf_tune.catalog.trackers import TRACKERS
 from hf_tune.errors import RecipeError
@@ -141,7 +142,7 @@ def check_search(recipe: Recipe) -> None:
         raise RecipeError("search", "trials are compared on eval data, and the recipe has none",
                           fix="set data.eval or data.eval_split")
     check_search_settings(recipe)  # the space's structure, the backend and its scheduler (recipe.search_space)
-    if search.pruner != "none" and search.backend == "optuna":
+    if search.pruner != "none" and SEARCH_BACKENDS[search.backend].prunes:
         if len(metrics) > 1:
             raise RecipeError("search.pruner", "Optuna cannot prune multi-objective studies", fix="set pruner: none")
         if not evaluating and search.pruner != "wilcoxon":
@@ -165,7 +166,7 @@ def _produced_metrics(recipe: Recipe, method_name: str) -> set[str]:
 def _check_cross_validated_search(recipe: Recipe) -> None:
     """search.cv: each trial trains k stratified folds of data.train on the Optuna backend; its steps are folds."""
     search = recipe.search
-    if search.backend != "optuna":
+    if not SEARCH_BACKENDS[search.backend].cross_validates:
         raise RecipeError("search.cv", "a cross-validated search runs on the Optuna backend (Ray's schedulers act on "
                           "the evaluations of one training run)", fix="set search.backend: optuna, or remove search.cv")
     if not format_of(recipe.data.format).class_labels:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from hf_tune.catalog.search_backends import DEFAULT_SEARCH_BACKEND, SEARCH_BACKENDS
 from hf_tune.recipe.section import Section
 
 
@@ -67,7 +68,9 @@ class SearchSection(Section):
                                     "(Optuna's Terminator)")
     terminator_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="e.g. max_stagnation_trials, min_n_trials")
-    backend: Literal["optuna", "ray"] = Field(default="optuna", description="optuna, or ray (Ray Tune: ASHA, PBT)")
+    backend: Literal[tuple(SEARCH_BACKENDS)] = Field(  # type: ignore[valid-type]  the table's names
+        default=DEFAULT_SEARCH_BACKEND, description="optuna, or ray (Ray Tune: ASHA, PBT): the table in "
+                                                    "hf_tune.catalog.search_backends")
     scheduler: Literal["asha", "pbt", "none"] | None = Field(
         default=None, description="backend ray: the trial scheduler (default asha)")
     scheduler_kwargs: dict[str, Any] = Field(default_factory=dict, description="backend ray: the scheduler's arguments")

@@ -16,6 +16,7 @@ import copy
 import json
 from typing import Any, Callable
 
+from hf_tune.catalog.search_backends import DEFAULT_SEARCH_BACKEND, SEARCH_BACKENDS
 from hf_tune.errors import RecipeError
 
 _MISSING = object()
@@ -142,26 +143,25 @@ def check_search_settings(recipe) -> None:
     if search.terminator != "none" and multi:
         raise RecipeError("search.terminator", "Optuna's Terminator judges single-objective studies",
                           fix="set terminator: none, or search one metric")
-    if search.backend == "optuna":
-        for key in ("scheduler", "ray_address"):
-            if getattr(search, key) is not None:
-                raise RecipeError(f"search.{key}", "applies to search.backend: ray",
-                                  fix="set search.backend: ray, or remove it (Optuna prunes with search.pruner)")
-        if search.scheduler_kwargs or search.resources_per_trial:
-            key = "scheduler_kwargs" if search.scheduler_kwargs else "resources_per_trial"
-            raise RecipeError(f"search.{key}", "applies to search.backend: ray", fix="set search.backend: ray")
-        return
-    if importlib.util.find_spec("ray") is None:
-        raise RecipeError("search.backend", "ray needs Ray Tune, which is not installed",
-                          fix="pip install 'hf_tune[ray]'")
-    if multi:
-        raise RecipeError("search.metric", "backend ray searches one metric", fix="use backend optuna for several")
-    if search.sampler not in ("tpe", "random", "grid") or search.terminator != "none":
-        key = "sampler" if search.sampler not in ("tpe", "random", "grid") else "terminator"
-        raise RecipeError(f"search.{key}", "applies to backend optuna; backend ray samples the space at random (or "
-                          "its grid) and lets its scheduler stop or exploit trials", fix=f"remove search.{key}")
-    if search.sampler == "grid" and any(d.type != "categorical" for d in search.space.values()):
-        raise RecipeError("search.sampler", "grid on backend ray takes categorical keys",
+    backend = SEARCH_BACKENDS[search.backend]
+    for other in SEARCH_BACKENDS.values():  # another backend's own keys, set
+        for key in set(other.own_keys) - set(backend.own_keys):
+            if getattr(search, key):
+                raise RecipeError(f"search.{key}", f"applies to search.backend: {other.name}",
+                                  fix=f"set search.backend: {other.name}, or remove it")
+    if backend.package is not None and importlib.util.find_spec(backend.package) is None:
+        raise RecipeError("search.backend", f"{backend.name} needs {backend.title}, which is not installed",
+                          fix=f"pip install 'hf_tune[{backend.extra}]'")
+    if backend.objectives is not None and isinstance(search.metric, list) and len(search.metric) > backend.objectives:
+        raise RecipeError("search.metric", f"backend {backend.name} searches {backend.objectives} metric(s)",
+                          fix=f"use backend {DEFAULT_SEARCH_BACKEND} for several")
+    if backend.samplers and (search.sampler not in backend.samplers or search.terminator != "none"):
+        key = "sampler" if search.sampler not in backend.samplers else "terminator"
+        raise RecipeError(f"search.{key}", f"applies to backend {DEFAULT_SEARCH_BACKEND}; backend {backend.name} "
+                          f"samples the space with {', '.join(backend.samplers)} and lets its scheduler stop or "
+                          "exploit trials", fix=f"remove search.{key}")
+    if backend.samplers and search.sampler == "grid" and any(d.type != "categorical" for d in search.space.values()):
+        raise RecipeError("search.sampler", f"grid on backend {backend.name} takes categorical keys",
                           fix="list the values as choices")
     scheduler = search.scheduler or "asha"
     evaluating = str(recipe.training.get("eval_strategy", "no")) != "no"

@@ -23,7 +23,7 @@ __all__ = ["format_summary", "search"]
 
 def search(recipe: Recipe) -> dict:
     """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. The
-    backend is ``search.backend`` (``hf_tune.search.backend.BACKENDS``): Optuna by default (with ``search.cv: k``
+    backend is ``search.backend`` (``hf_tune.catalog.search_backends``): Optuna by default (with ``search.cv: k``
     each trial is the mean over k folds), or Ray Tune (ASHA, PBT)."""
     from hf_tune.search.backend import run_search  # here: this package stays light (Optuna loads with a search)
 

@@ -1,19 +1,17 @@
 """The search backends behind one interface: where a study lives (``StudyPaths``: its folder, its name, its trials'
-folders), the recipe every trial starts from (``base_recipe``), and a table of backends (``BACKENDS``: Optuna, Ray
-Tune), each a function that runs a study and one that reads a finished study's trials back (``hf-tune compare``).
-
-A new backend is one entry here plus its own module. This module stays light: a backend's module (Optuna, Ray) is
-imported only when its study runs or is read.
+folders), the recipe every trial starts from (``base_recipe``), and the study run or read on its backend (the table
+``hf_tune.catalog.search_backends``). This module stays light: a backend's module (Optuna, Ray) is imported only when
+its study runs or is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from hf_tune.catalog.search_backends import DEFAULT_SEARCH_BACKEND, SEARCH_BACKENDS, SearchBackend
 from hf_tune.errors import RecipeError
 from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
@@ -71,32 +69,10 @@ class StudyTrial:
     curve: tuple[str, list[int], list[float]] | None = None  # (metric, steps, values) as the trial reported them
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchBackend:
-    """One backend: ``run`` (recipe -> summary dict) and ``read_trials`` (study folder -> its trials), each named as
-    ``module:function`` so that neither is imported before it is used."""
-
-    name: str
-    run: str
-    read_trials: str
-
-    def load(self, which: str) -> Callable:
-        module, function = getattr(self, which).split(":")
-        return getattr(importlib.import_module(module), function)
-
-
-BACKENDS = {
-    "optuna": SearchBackend("optuna", run="hf_tune.search.trials:search",
-                            read_trials="hf_tune.search.optuna_summary:read_trials"),
-    "ray": SearchBackend("ray", run="hf_tune.search.ray_backend:search_with_ray",
-                         read_trials="hf_tune.search.ray_summary:read_trials"),
-}
-
-
 def run_search(recipe: Recipe) -> dict:
     """Run (or continue) the recipe's study on its backend (``search.backend``)."""
     study_paths(recipe)  # a recipe without a search section is refused here
-    return BACKENDS[recipe.search.backend].load("run")(recipe)
+    return SEARCH_BACKENDS[recipe.search.backend].load("run")(recipe)
 
 
 def study_backend(folder: Path) -> SearchBackend | None:
@@ -104,8 +80,8 @@ def study_backend(folder: Path) -> SearchBackend | None:
     the folder is not a study's."""
     marker = folder / STUDY_JSON
     if marker.is_file():
-        return BACKENDS[json.loads(marker.read_text())["backend"]]
-    return BACKENDS["optuna"] if (folder / run_folder.STUDY_DB).is_file() else None
+        return SEARCH_BACKENDS[json.loads(marker.read_text())["backend"]]
+    return SEARCH_BACKENDS[DEFAULT_SEARCH_BACKEND] if (folder / run_folder.STUDY_DB).is_file() else None
 
 
 def read_study_trials(folder: Path) -> list[StudyTrial]:

@@ -7,6 +7,7 @@ import importlib.util
 import shlex
 from pathlib import Path
 
+from hf_tune.catalog.search_backends import SEARCH_BACKENDS
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
 from hf_tune.search.backend import study_paths
@@ -17,7 +18,7 @@ def dashboard_command(recipe: Recipe, port: int = 8080) -> list[str]:
     """``optuna-dashboard`` with the study's storage (a journal file named as such), as an argument list."""
     if recipe.search is None:
         raise RecipeError("search", "the recipe has no search section", fix="add search.space (see docs/search.md)")
-    if recipe.search.backend != "optuna":
+    if not SEARCH_BACKENDS[recipe.search.backend].dashboard:
         raise RecipeError("search.backend", "--dashboard shows Optuna studies; Ray Tune's trials are in the study "
                           "folder's trials.csv and its ray/ experiment", fix="drop --dashboard, or use backend optuna")
     url = storage_url(recipe.search, study_paths(recipe).folder)

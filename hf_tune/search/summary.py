@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
+from hf_tune.catalog.search_backends import SEARCH_BACKENDS
 from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
@@ -19,7 +20,6 @@ from hf_tune.search.backend import STUDY_JSON
 from hf_tune.search.sampling import trial_recipe
 
 logger = logging.getLogger(__name__)
-BACKEND_TITLES = {"optuna": "Optuna", "ray": "Ray Tune"}
 
 
 def write_study_folder(result: dict[str, Any], recipe: Recipe, backend: str, best_values: dict[str, Any], table,
@@ -46,7 +46,8 @@ def write_best_recipe(result: dict[str, Any], recipe: Recipe, backend: str, best
                                best_values)
     path = study_dir / run_folder.BEST_RECIPE
     raw = {k: v for k, v in redact_secrets(best_recipe.to_dict()).items() if k != "search"}
-    path.write_text(f"# best trial {best['number']} of study {result['study_name']} ({BACKEND_TITLES[backend]}): "
+    title = SEARCH_BACKENDS[backend].title
+    path.write_text(f"# best trial {best['number']} of study {result['study_name']} ({title}): "
                     f"{dict(zip(result['metrics'], best['values']))}\n" + note + yaml.safe_dump(raw, sort_keys=False))
     return path
 
