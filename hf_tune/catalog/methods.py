@@ -12,6 +12,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+from hf_tune.catalog.formats import FORMATS
 from hf_tune.catalog.late_bound import resolve
 
 DEFAULT_METHOD = "sft"
@@ -54,12 +55,15 @@ class Method:
         return self.trainer_class is not None
 
 
+# sft reads every format a task of its trains on (each format states its tasks once: Format.tasks), in the format
+# table's order, chat first (the default)
+_SFT_TASKS = ("causal_lm", "sequence_classification", "image_classification", "image_text_to_text")
+FORMATS_TRAINED_BY_SFT = tuple(name for name, fmt in FORMATS.items() if set(fmt.tasks) & set(_SFT_TASKS))
+
 METHODS = {
-    "sft": Method("sft", "transformers:TrainingArguments", None, ("causal_lm", "sequence_classification",
-                                                                  "image_classification", "image_text_to_text"),
+    "sft": Method("sft", "transformers:TrainingArguments", None, _SFT_TASKS,
                   "supervised fine-tuning (or classification): next-token loss on the trained tokens",
-                  formats=("chat", "instruction", "prompt_completion", "text", "classification", "image_classification",
-                           "vision_chat")),
+                  formats=FORMATS_TRAINED_BY_SFT),
     "dpo": Method("dpo", "trl:DPOConfig", "trl:DPOTrainer", ("causal_lm",),
                   "direct preference optimization on chosen / rejected pairs", reference=True, formats=("preference",),
                   flat_pairs=True,
