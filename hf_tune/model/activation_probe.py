@@ -31,21 +31,17 @@ estimate falls back to ``hf_tune.model.memory.activation_memory``'s formula and 
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import copy
 import dataclasses
 import math
-import os
-import sys
-import warnings
 
 import torch
 
 from hf_tune.model.chunked_logprobs import default_chunk_size
+from hf_tune.model.head_probe import loss_transient_per_row, trl_head_transient_per_row, trl_token_chunk
 from hf_tune.model.moe import is_moe_config
+from hf_tune.model.probe_step import measure
 
-PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies; a real chunk is measured apart (_loss_transient_per_row)
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
 # widths only some configs have (a mixture of experts' expert and shared-expert MLPs), divided by k where present
@@ -154,8 +150,8 @@ def _fit(setup: ProbeSetup, ratio: float) -> tuple[tuple[Linear, Linear, Linear]
         at_full = _extrapolate({key: value[i] for key, value in figures.items()}, factors, layers)
         fits.append(Linear((at_full - fixed_full) / PROBE_TOKENS, fixed_full))
     # the chunked loss's chunk: the copies run a tiny one, this is the real one's, per position (up to a chunk)
-    transient = (_trl_head_transient_per_row(setup, config) if setup.trl_fused_head else
-                 _loss_transient_per_row(setup, probe_config(config, 1, factors[0]), factors[0])
+    transient = (trl_head_transient_per_row(setup, config) if setup.trl_fused_head else
+                 loss_transient_per_row(setup, probe_config(config, 1, factors[0]), factors[0], PROBE_TOKENS)
                  if setup.chunked_loss else 0.0)
     widths = f"1/{', 1/'.join(str(k) for k in factors)} width" if factors != (1,) else "full width"
     how = (f"measured on 1- and 2-layer copies at {widths}, {PROBE_TOKENS} and {2 * PROBE_TOKENS} tokens in "
@@ -247,240 +243,3 @@ def probe_lengths(tokens: int, ratio: float) -> list[int]:
     rest = tokens - longest
     short = [rest // (count - 1) + (1 if i < rest % (count - 1) else 0) for i in range(count - 1)]
     return [longest, *short]
-
-
-def probe_batch(lengths: list[int], vocab_size: int, padding_free: bool) -> dict[str, torch.Tensor]:
-    """A training batch of examples with these lengths, every token trained: one flattened row with the example
-    boundaries the collator adds (padding-free), else one padded row per example."""
-    generator = torch.Generator().manual_seed(0)
-    ids = [torch.randint(0, vocab_size, (n,), generator=generator) for n in lengths]
-    if padding_free:
-        starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-        row = torch.cat(ids).unsqueeze(0)
-        return {"input_ids": row, "labels": row.clone(),
-                "position_ids": torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
-                "cu_seq_lens_q": starts, "cu_seq_lens_k": starts,
-                "max_length_q": max(lengths), "max_length_k": max(lengths)}
-    longest = max(lengths)
-    rows = torch.zeros(len(lengths), longest, dtype=torch.long)
-    mask = torch.zeros(len(lengths), longest, dtype=torch.long)
-    for i, example in enumerate(ids):
-        rows[i, :len(example)], mask[i, :len(example)] = example, 1
-    return {"input_ids": rows, "attention_mask": mask, "labels": rows.masked_fill(mask == 0, -100)}
-
-
-def measure(setup: ProbeSetup, config, *runs: list[int], chunk_size: int | None = PROBE_CHUNK_ROWS
-            ) -> list[tuple[int, int, int]]:
-    """For each of ``runs`` (a micro-batch's example lengths): (bytes held when the training forward returns, highest
-    held through the forward, highest held through forward and backward) of one training step on a randomly
-    initialised ``config`` model built as the run builds it (once for all the runs: each step leaves nothing behind),
-    by the CPU allocator's count. The weights, and the gradients of trained ones (model states, counted apart), are
-    not included. A GPU's varlen kernels (flash attention) run as ``sdpa_varlen``, as the packing probe runs them."""
-    from hf_tune.model.attention import NAME, probed_attention  # importing it registers sdpa_varlen
-
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(setup.dtype)
-    try:
-        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-            torch.manual_seed(0)
-            model = setup.model_class(config)
-            attention = probed_attention(setup.attention) if setup.attention else None
-            if attention == NAME and not setup.padding_free:
-                attention = "sdpa"  # padded rows: sdpa_varlen is transformers' SDPA there
-            if attention and model.config._attn_implementation != attention:
-                model.set_attn_implementation(attention)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # PEFT asks is_gradient_checkpointing
-                model = _as_trained(model, setup)
-            _drop_gradients(model)
-            return [_allocated_through_step(model, probe_batch(lengths, config.vocab_size, setup.padding_free), setup,
-                                            chunk_size) for lengths in runs]
-    finally:
-        torch.set_default_dtype(default_dtype)
-
-
-def _as_trained(model, setup: ProbeSetup):
-    """The model as training runs it: LoRA as ``wrap_lora`` adds it (its dropout, fast or not), checkpointing as
-    ``Trainer`` turns it on, in training mode."""
-    from peft import LoraConfig, get_peft_model
-
-    from hf_tune.model.dropout import use_fast_lora_dropout
-    from hf_tune.model.moe import moe_lora
-
-    if setup.lora is not None:
-        if setup.checkpointing:
-            model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **moe_lora(model, setup.lora)))
-        if setup.fast_lora_dropout:
-            use_fast_lora_dropout(model)
-    if setup.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=setup.checkpointing_kwargs
-                                            or {"use_reentrant": False})
-    return model.train()
-
-
-def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool, chunk_size: int | None = None
-                  ) -> torch.Tensor:
-    """One training forward and its loss as a training step computes them: with mixed precision accelerate runs the
-    forward under autocast and casts its outputs to float32 (``convert_outputs_to_fp32``); ``Trainer.compute_loss``
-    hands the labels to hf_tune's loss, and ``HfTuneMixin.compute_loss`` runs the chunked one under autocast too,
-    from the hidden states, through the model's head."""
-    from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
-    from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
-
-    inputs = dict(batch)
-    labels = inputs.pop("labels")
-    loss_fn = ChunkedCausalLMLoss(chunked_loss_head(model), chunk_size) if chunked else causal_lm_loss
-    if chunked:
-        inputs = hidden_state_inputs(inputs)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision and chunked):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision):
-            outputs = model(**inputs)
-        if mixed_precision:
-            outputs = _to_float32(outputs)
-        return loss_fn(outputs, labels)
-
-
-def _to_float32(value):
-    """accelerate's ``convert_outputs_to_fp32``: every 16-bit float tensor of a forward's outputs as float32."""
-    if torch.is_tensor(value):
-        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_float32(item) for item in value)
-    if isinstance(value, dict):
-        for key in list(value.keys()):
-            value[key] = _to_float32(value[key])
-    return value
-
-
-def _loss_transient_per_row(setup: ProbeSetup, config, k: int) -> float:
-    """Bytes the chunked loss holds beyond what it keeps, at its peak, per position of a chunk, for the full-size
-    model: measured on one chunk of ``config``'s narrow head (``k`` times narrower, vocabulary included), whose every
-    tensor is a chunk's positions times a width, so the full-size figure is ``k`` times it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from hf_tune.model.chunked_logprobs import LogitHead
-
-    rows = min(PROBE_TOKENS, default_chunk_size(config.vocab_size))  # one chunk
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        head = LogitHead(torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=setup.dtype))
-        head.linear.weight.requires_grad_(setup.lora is None)  # LoRA leaves the head frozen
-        hidden = torch.randn(rows, config.hidden_size, dtype=setup.dtype, requires_grad=True)
-        targets = torch.randint(0, config.vocab_size, (rows,))
-    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup.mixed_precision):
-            loss = -head.target_logprobs(hidden, targets).sum()
-    kept, peak = _allocations(forward_profile, 0)
-    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
-        loss.backward()
-        del loss
-    return (max(peak, _allocations(backward_profile, kept)[1]) - kept) * k / rows
-
-
-def trl_token_chunk() -> int:
-    """Positions TRL's fused LM head (``trl.kernels.ChunkedLogProbFunction``) projects at once: its module's
-    ``TOKEN_CHUNK_SIZE`` (4,096 in TRL 1.16), each against tiles of up to ``chunk_size`` (32,768) vocabulary columns."""
-    from trl.kernels import chunked_logprob
-
-    return int(getattr(chunked_logprob, "TOKEN_CHUNK_SIZE", 4096))
-
-
-# the rows TRL's head is measured on; its tiles are rows x vocabulary columns, so it scales by rows
-TRL_PROBE_ROWS = 256
-
-
-def _trl_head_transient_per_row(setup: ProbeSetup, config) -> float:
-    """Bytes TRL's fused LM head holds at its peak through forward and backward, per position of one token chunk:
-    measured on ``TRL_PROBE_ROWS`` positions of the model's whole vocabulary (its tiles, ``[rows, vocabulary
-    columns]``, do not depend on the width, so a narrow hidden size stands in), in the run's dtype and autocast, with
-    every per-token output TRL's trainers may ask for. On a CPU its torch path holds several float32 copies of a tile
-    (a DPO step of SmolLM2's 49k vocabulary: 30 bytes a tile element), hf_tune's chunked loss about one."""
-    from torch.profiler import ProfilerActivity, profile
-    from trl.kernels import chunked_logprob
-
-    hidden_size, rows = 64, TRL_PROBE_ROWS
-    chunk_size = 32768  # the vocabulary columns of a tile, as TRL's fused head passes them
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        weight = torch.randn(config.vocab_size, hidden_size, dtype=setup.dtype) * 0.02  # frozen: no model state
-        hidden = torch.randn(rows, hidden_size, dtype=setup.dtype, requires_grad=True)
-        targets = torch.randint(0, config.vocab_size, (rows,))
-    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup.mixed_precision):
-            outputs = chunked_logprob.ChunkedLogProbFunction.apply(
-                hidden, weight, None, targets, 1.0, chunk_size, None, 1.0, chunked_logprob.OPTIONAL_OUTPUTS)
-            loss = -outputs[0].sum() + sum(out.float().sum() * 0 for out in outputs[1:] if out is not None)
-    kept, peak = _allocations(forward_profile, 0)
-    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
-        loss.backward()
-        del loss, outputs
-    return (max(peak, _allocations(backward_profile, kept)[1]) - kept) / rows
-
-
-@contextlib.contextmanager
-def _quiet_profiler():
-    """The profiler's native start / stop lines (kineto writes them to file descriptor 2, whatever its log level)
-    kept off the user's terminal; Python's deprecation warnings of the probe's own set-up too."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull, warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _drop_gradients(model) -> None:
-    """A trained weight's gradient is a model state: dropped as soon as it is accumulated, so a step leaves none."""
-    for param in model.parameters():
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-
-
-def _allocated_through_step(model, batch: dict, setup: ProbeSetup, chunk_size: int | None
-                            ) -> tuple[int, int, int]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as forward_profile:
-        loss = training_loss(model, batch, setup.chunked_loss, setup.mixed_precision, chunk_size)
-    kept, peak = _allocations(forward_profile, 0)
-    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as backward_profile:
-        loss.backward()
-        del loss
-    return kept, peak, max(peak, _allocations(backward_profile, kept)[1])
-
-
-def _allocations(prof, start: int) -> tuple[int, int]:
-    """(bytes held at the end, the most held at once) of a profiled region, from the allocator's own record: every
-    allocation and free is a ``[memory]`` event with its size (a free negative), read in time order from the
-    profiler's raw results (``prof.events()`` would build every operator's statistics, ten times slower).
-
-    A CPU kernel's workspace is not counted: what an outermost ``aten::`` operator allocates is counted when the
-    operator returns, so a buffer it allocates and frees inside (oneDNN's packed copy of a bf16 matmul's weight on a
-    CPU with AMX, a reduction's per-thread buffers) cancels out, while its outputs count. Those buffers depend on the
-    CPU that runs the probe (with them, Mixtral-8x7B's planned peak per rank was 519 GB on a Xeon with AMX and 46 GB
-    on another host), and a GPU kernel's workspace is in the runtime reserve instead."""
-    events = list(prof.profiler.kineto_results.events())
-    operators: dict[int, list[tuple[int, int]]] = {}  # thread -> outermost aten:: operators' (start, end)
-    for event in sorted((e for e in events if e.name().startswith("aten::")), key=lambda e: e.start_ns()):
-        spans = operators.setdefault(event.start_thread_id(), [])
-        end = event.start_ns() + event.duration_ns()
-        if not spans or event.start_ns() >= spans[-1][1]:  # not inside the previous outermost operator
-            spans.append((event.start_ns(), end))
-    starts = {thread: [span[0] for span in spans] for thread, spans in operators.items()}
-
-    def counted_at(event) -> int:
-        spans, at = operators.get(event.start_thread_id(), []), event.start_ns()
-        i = bisect.bisect_right(starts.get(event.start_thread_id(), []), at) - 1
-        return spans[i][1] if i >= 0 and at <= spans[i][1] else at
-
-    changes = sorted((counted_at(event), event.nbytes()) for event in events if event.name() == "[memory]")
-    live = peak = start
-    for _, size in changes:
-        live += size
-        peak = max(peak, live)
-    return live - start, peak
