@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -74,3 +75,29 @@ def reply(model, tokenizer, messages: list[dict[str, str]], max_new_tokens: int 
     output = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id, streamer=streamer, **sampling)
     return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def chat_command(args) -> None:
+    """``hf-tune chat``: one prompt answered, or a conversation typed at the terminal."""
+    model, tokenizer = load_trained(args.run_dir, device=args.device, dtype=args.dtype)
+    print(f"{args.run_dir} on {model.device} in {model.dtype}", file=sys.stderr)
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "seed": args.seed, "stream": True}
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if args.prompt:
+        messages.append({"role": "user", "content": args.prompt})
+        print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
+        reply(model, tokenizer, messages, **sampling)
+        return
+    print("Type a message (empty line or Ctrl-D to quit).")
+    while text := read_line("you> "):
+        messages.append({"role": "user", "content": text})
+        print("model> ", end="", flush=True)
+        messages.append({"role": "assistant", "content": reply(model, tokenizer, messages, **sampling)})
+
+
+def read_line(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None

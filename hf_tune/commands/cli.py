@@ -4,34 +4,30 @@ what it calls when it runs, so ``hf-tune --help`` (and a mistyped verb) loads no
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import yaml
-
 from hf_tune.catalog.export_formats import DEFAULT_EXPORT_FORMAT, DEFAULT_GGUF_QUANT, EXPORT_FORMATS, GGUF_QUANTS
 from hf_tune.catalog.trackers import tracker_files
+from hf_tune.commands import publish
 from hf_tune.commands.command_line import DEBUG_HELP, plain_progress_off_a_terminal, recipe_arguments, user_errors
 from hf_tune.commands.option_types import device_here, gpu_memory_gb, number, whole
-from hf_tune.redaction import redact_secrets
+from hf_tune.commands.verb import Verb, answers_of_this_input, option, written_by_init
 from hf_tune.runtime.output_paths import Output, check_output, starts_with
 from hf_tune.runtime.process import settle_process
 
 
 def _validate(args) -> None:
-    from hf_tune.build.loading import load_recipe
-    from hf_tune.commands.effective import hf_tune_defaults, mark_defaults
-    from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
+    from hf_tune.commands.effective import validate_command
 
-    recipe = load_recipe(args.recipe, args.overrides)
-    resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)
-    for section, values in defaults.items():  # what the run will use, each marked as hf_tune's default
-        target = resolved.setdefault(section, {})
-        target.update({key: value for key, value in values.items() if target.get(key) is None})
-    print(mark_defaults(yaml.safe_dump(redact_secrets(resolved), sort_keys=False), defaults), end="")
+    validate_command(args)
+
+
+def _chat(args) -> None:
+    from hf_tune.commands.chat import chat_command  # loads torch: only when the verb runs
+
+    chat_command(args)
 
 
 def _train(args) -> None:
@@ -102,26 +98,6 @@ def _eval(args) -> None:
     eval_command(args)
 
 
-def _merge(args) -> None:
-    from hf_tune.lifecycle.hub import merge
-
-    result = merge(args.run_dir, out=args.out, dtype=args.dtype, check=args.check)
-    print(f"merged model: {result['merged_dir']} ({result['dtype']})")
-    if args.check:
-        print(f"check: max |Δ logit| = {result['max_abs_logit_diff']:.3g} ({result['relative_diff']:.2e} of the "
-              f"largest logit; tolerance {result['tolerance']:g}): ok")
-
-
-def _export(args) -> None:
-    from hf_tune.lifecycle.export import export
-
-    result = export(args.run_dir, format=args.format, quant=args.quant, out=args.out)
-    print(f"{result['gguf']}: {result['architecture']}, {result['quant']}, {result['tensors']} tensors, "
-          f"{result['bytes'] / 2**20:,.1f} MiB")
-    if "modelfile" in result:
-        print(f"{result['modelfile']}: ollama create NAME -f {result['modelfile']}")
-
-
 def _generate(args) -> None:
     from hf_tune.commands.generate import generate_file
 
@@ -147,22 +123,6 @@ def _serve(args) -> None:
     serve(args.run_dir, host=args.host, port=args.port, device=args.device, dtype=args.dtype)
 
 
-def _push(args) -> None:
-    from hf_tune.lifecycle.hub import push
-
-    url = push(args.run_dir, args.repo_id, merged=args.merged, private=args.private, revision=args.revision,
-               base_model=args.base_model, include_manifest=args.include_manifest, include_logs=args.include_logs)
-    print(f"pushed: {url}")
-
-
-def _register(args) -> None:
-    from hf_tune.lifecycle.registry import register
-
-    result = register(args.run_dir, args.name, alias=args.alias, tracking_uri=args.tracking_uri)
-    print(f"registered {result['model_uri']} (MLflow run {result['run_id']} at {result['tracking_uri']})"
-          + (f"; alias {result['alias']} -> version {result['version']}" if result["alias"] else ""))
-
-
 def _profile(args) -> None:
     from hf_tune.build.loading import load_recipe
     from hf_tune.commands.profile import profile_recipe
@@ -180,80 +140,12 @@ def _compare(args) -> None:
     print(f"curves: {plot_comparison(runs, args.out)}")
 
 
-def _promote(args) -> None:
-    from hf_tune.lifecycle.registry import promote
-
-    result = promote(args.name, args.version, args.alias, tracking_uri=args.tracking_uri)
-    print(f"{result['name']}@{result['alias']} -> version {result['version']}"
-          + (f" (was version {result['previous']})" if result["previous"] else ""))
-
-
-def _chat(args) -> None:
-    from hf_tune.commands.chat import load_trained, reply
-
-    model, tokenizer = load_trained(args.run_dir, device=args.device, dtype=args.dtype)
-    print(f"{args.run_dir} on {model.device} in {model.dtype}", file=sys.stderr)
-    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                "seed": args.seed, "stream": True}
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    if args.prompt:
-        messages.append({"role": "user", "content": args.prompt})
-        print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
-        reply(model, tokenizer, messages, **sampling)
-        return
-    print("Type a message (empty line or Ctrl-D to quit).")
-    while text := _read("you> "):
-        messages.append({"role": "user", "content": text})
-        print("model> ", end="", flush=True)
-        messages.append({"role": "assistant", "content": reply(model, tokenizer, messages, **sampling)})
-
-
-def _read(prompt: str) -> str | None:
-    try:
-        return input(prompt)
-    except EOFError:
-        return None
-
-
 def installed_version() -> str:
     """The installed distribution's version (what pip sees), else the source tree's ``hf_tune.__version__``."""
     try:
         return version("hf_tune")
     except PackageNotFoundError:
         return sys.modules["hf_tune"].__version__  # the package this module is in: loaded, not imported up
-
-
-def option(*flags: str, **settings) -> tuple[tuple[str, ...], dict]:
-    """One argument of a verb, as ``ArgumentParser.add_argument`` takes it."""
-    return flags, settings
-
-
-@dataclasses.dataclass(frozen=True)
-class Verb:
-    """One ``hf-tune`` sub-command: what it runs, its help line, whether it reads RECIPE [overrides], its options,
-    and what its ``--out`` is (checked before the verb does any work: ``runtime/output_paths.py``)."""
-
-    run: Callable[[argparse.Namespace], None]
-    help: str
-    reads_recipe: bool = False
-    options: tuple[tuple[tuple[str, ...], dict], ...] = ()
-    output: Output | None = None
-
-
-def _written_by_init(path: Path, arguments=None) -> bool:
-    """A recipe ``hf-tune init`` wrote (its first line says so): init may write it again."""
-    try:
-        with path.open(encoding="utf-8") as handle:
-            return "written by `hf-tune init`" in handle.readline()
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def _answers_of_this_input(path: Path, arguments) -> bool:
-    """``generate``'s answers to this very input (whole or begun): a rerun continues or confirms them."""
-    from hf_tune.commands.generate import answers_input
-
-    return answers_input(path, arguments.input)
 
 
 RUN_DIR = option("run_dir")
@@ -299,7 +191,7 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--data", default=None, help="chat data (JSONL of messages) for data.train.path (default: the "
                "placeholder data/train.jsonl, which the recipe says to fill)"),
         option("--out", default=None, help="the recipe file (default: NAME-NxGBgb.yaml; a file init did not write "
-               "is never overwritten)")), output=Output("file", ours=_written_by_init, inputs=("data",))),
+               "is never overwritten)")), output=Output("file", ours=written_by_init, inputs=("data",))),
     "report": Verb(_report, "plot a run's loss, learning rates and eval metrics into PNG files", options=(RUN_DIR,)),
     "eval": Verb(_eval, "lm-eval scores of a run, one checkpoint, or (--watch) each new complete checkpoint of a run "
                  "in progress, into RUN_DIR/eval_scores.jsonl", options=(
@@ -317,14 +209,14 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--apply-chat-template", action="store_true", default=None,
                help="ask each prompt as a user turn through the chat template (lm-eval's apply_chat_template)"),
         option("--device", type=device_here, default=None), option("--dtype", default=None))),
-    "merge": Verb(_merge, "merge a LoRA run's adapter into its base model", options=(
+    "merge": Verb(publish.merge, "merge a LoRA run's adapter into its base model", options=(
         RUN_DIR, option("--out", default=None, help="default: RUN_DIR/merged"),
         option("--dtype", default="float32", help="float32 | bfloat16 | float16 (a QLoRA run's 4-bit base is "
                "dequantized to it); the merge streams the base's safetensors shard by shard"),
         option("--check", action="store_true", help="compare merged logits with base + adapter (one model in memory "
                "at a time)")), output=Output("folder", inputs=("run_dir",))),
-    "export": Verb(_export, "write a run as one GGUF file (llama.cpp, LM Studio) or GGUF + Modelfile (Ollama); a LoRA "
-                   "run is merged by shard first", options=(
+    "export": Verb(publish.export, "write a run as one GGUF file (llama.cpp, LM Studio) or GGUF + Modelfile "
+                   "(Ollama); a LoRA run is merged by shard first", options=(
         RUN_DIR, option("--format", default=DEFAULT_EXPORT_FORMAT, choices=list(EXPORT_FORMATS), help="; ".join(
             f"{fmt.name}: {fmt.summary}" for fmt in EXPORT_FORMATS.values())),
         option("--quant", default=DEFAULT_GGUF_QUANT, choices=list(GGUF_QUANTS), help="the 2-D weights' type (norms "
@@ -343,12 +235,12 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("--out", required=True, help="JSONL: each input line plus \"answer\" (a rerun continues an "
                "interrupted one of the same input; a file of other answers is never overwritten)"),
         option("--batch-size", type=whole(1), default=8), *GENERATION, DEVICE, DTYPE),
-        output=Output("file", ours=_answers_of_this_input, inputs=("input", "run_dir"))),
+        output=Output("file", ours=answers_of_this_input, inputs=("input", "run_dir"))),
     "serve": Verb(_serve, "an OpenAI-compatible server of a run (vLLM with the adapter where installed on a GPU, "
                   "else transformers serve on the merged model)", options=(
         RUN_DIR, option("--host", default="127.0.0.1"), option("--port", type=whole(1, 65535), default=8000),
         DEVICE, DTYPE)),
-    "push": Verb(_push, "upload a run (adapter, or --merged model) with a model card to the Hub", options=(
+    "push": Verb(publish.push, "upload a run (adapter, or --merged model) with a model card to the Hub", options=(
         RUN_DIR, option("--repo-id", required=True, help="OWNER/NAME"),
         option("--merged", action="store_true", help="push the merged model instead of the adapter"),
         option("--private", action="store_true"),
@@ -363,11 +255,11 @@ VERBS = {  # in the order `hf-tune --help` lists them
         option("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or a search's study folder (its trials)"),
         option("--out", default="compare.png", help="the PNG of overlaid loss and eval curves")),
         output=Output("file", ours=starts_with(b"\x89PNG"))),
-    "register": Verb(_register, "log a run's model to the MLflow registry as a new version of NAME", options=(
+    "register": Verb(publish.register, "log a run's model to the MLflow registry as a new version of NAME", options=(
         RUN_DIR, option("--name", required=True, help="the registered model's name"),
         option("--alias", default=None, help="point this alias (e.g. staging) at the new version"),
         option("--tracking-uri", default=None, help=f"{TRACKING_URI}, else the run folder's store"))),
-    "promote": Verb(_promote, "point an alias of a registered model (e.g. production) at a version", options=(
+    "promote": Verb(publish.promote, "point an alias of a registered model (e.g. production) at a version", options=(
         option("name"), option("version"), option("--alias", required=True),
         option("--tracking-uri", default=None, help=TRACKING_URI))),
     "chat": Verb(_chat, "talk to a trained run (adapter or full model)", options=(

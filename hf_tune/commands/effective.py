@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from hf_tune.build.decisions import decide
 from hf_tune.build.memory_fit import refuse_unfit
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.recipe.schema import Recipe
+from hf_tune.redaction import redact_secrets
 from hf_tune.training_args import build_training_arguments, training_kwargs
 
 MARK = "  # hf_tune's default"
@@ -56,3 +59,16 @@ def mark_defaults(text: str, defaults: dict[str, dict[str, Any]]) -> str:
                 line += MARK
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def validate_command(args) -> None:
+    """``hf-tune validate``: the resolved recipe, what hf_tune decides where it is silent marked as its default."""
+    from hf_tune.build.loading import load_recipe
+    from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)
+    for section, values in defaults.items():  # what the run will use, each marked as hf_tune's default
+        target = resolved.setdefault(section, {})
+        target.update({key: value for key, value in values.items() if target.get(key) is None})
+    print(mark_defaults(yaml.safe_dump(redact_secrets(resolved), sort_keys=False), defaults), end="")

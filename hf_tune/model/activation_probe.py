@@ -40,7 +40,7 @@ import torch
 from hf_tune.model.chunked_logprobs import default_chunk_size
 from hf_tune.model.head_probe import loss_transient_per_row, trl_head_transient_per_row, trl_token_chunk
 from hf_tune.model.moe import is_moe_config
-from hf_tune.model.probe_step import measure
+from hf_tune.model.probe_step import ProbeSetup, measure  # ProbeSetup: re-exported, the probe's input
 
 PROBE_TOKENS = 256  # tokens of the probe's pack: small enough to be cheap, long enough to hold the data's padding
 WIDTH_KEYS = ("hidden_size", "intermediate_size", "vocab_size")  # divided by k (head_dim too where the config has it)
@@ -61,33 +61,6 @@ class ActivationEstimate:
     tokens: int
     source: str
     detail: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeSetup:
-    """What the probe needs to know of a run, decided by the caller from the recipe: the model class and config,
-    the dtype of the weights, mixed precision, the attention, padding-free packs, the recipe's LoRA section, a fast
-    LoRA dropout, the chunked loss, activation checkpointing (and its kwargs)."""
-
-    model_class: type
-    config: object
-    dtype: torch.dtype
-    mixed_precision: bool
-    attention: str | None
-    padding_free: bool
-    lora: dict | None
-    fast_lora_dropout: bool
-    chunked_loss: bool
-    checkpointing: bool
-    checkpointing_kwargs: dict | None = None
-    trl_fused_head: bool = False  # the loss is TRL's fused LM head (its methods), not hf_tune's chunked loss
-
-    def key(self) -> tuple:
-        config = self.config.to_json_string(use_diff=False)
-        lora = repr(sorted((self.lora or {}).items()))
-        return (f"{self.model_class.__module__}.{self.model_class.__qualname__}", config, str(self.dtype),
-                self.mixed_precision, self.attention, self.padding_free, lora, self.fast_lora_dropout,
-                self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs), self.trl_fused_head)
 
 
 _FITS: dict[tuple, tuple] = {}

@@ -4,15 +4,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from hf_tune.model.allocations import allocations, quiet_profiler
 from hf_tune.model.chunked_logprobs import default_chunk_size
-
-if TYPE_CHECKING:  # the annotation's class: the probe imports this module
-    from hf_tune.model.activation_probe import ProbeSetup
+from hf_tune.model.probe_step import ProbeSetup
 
 
 def loss_transient_per_row(setup: ProbeSetup, config, k: int, most_rows: int) -> float:

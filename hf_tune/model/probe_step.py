@@ -3,17 +3,41 @@ probe's measurement (``hf_tune.model.activation_probe`` fits its figures over se
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 
 from hf_tune.model.allocations import allocations, quiet_profiler
 
-if TYPE_CHECKING:  # the annotation's class: the probe imports this module
-    from hf_tune.model.activation_probe import ProbeSetup
-
 PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies (a real one: head_probe)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSetup:
+    """What the probe needs to know of a run, decided by the caller from the recipe: the model class and config,
+    the dtype of the weights, mixed precision, the attention, padding-free packs, the recipe's LoRA section, a fast
+    LoRA dropout, the chunked loss, activation checkpointing (and its kwargs)."""
+
+    model_class: type
+    config: object
+    dtype: torch.dtype
+    mixed_precision: bool
+    attention: str | None
+    padding_free: bool
+    lora: dict | None
+    fast_lora_dropout: bool
+    chunked_loss: bool
+    checkpointing: bool
+    checkpointing_kwargs: dict | None = None
+    trl_fused_head: bool = False  # the loss is TRL's fused LM head (its methods), not hf_tune's chunked loss
+
+    def key(self) -> tuple:
+        config = self.config.to_json_string(use_diff=False)
+        lora = repr(sorted((self.lora or {}).items()))
+        return (f"{self.model_class.__module__}.{self.model_class.__qualname__}", config, str(self.dtype),
+                self.mixed_precision, self.attention, self.padding_free, lora, self.fast_lora_dropout,
+                self.chunked_loss, self.checkpointing, repr(self.checkpointing_kwargs), self.trl_fused_head)
 
 
 def probe_batch(lengths: list[int], vocab_size: int, padding_free: bool) -> dict[str, torch.Tensor]:
