@@ -69,7 +69,7 @@ def rounded(tensor: torch.Tensor, quant: str) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def merged_weights(adapter_run, tmp_path_factory) -> dict[str, torch.Tensor]:
     """hf-tune merge's float32 tensors (tests/test_merge.py checks them against W + scale * B @ A)."""
-    from hf_tune.lifecycle.hub import merge
+    from hf_tune.lifecycle.merge_run import merge
 
     folder = Path(merge(adapter_run, out=tmp_path_factory.mktemp("merged") / "merged")["merged_dir"])
     weights = {}

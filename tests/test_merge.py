@@ -14,7 +14,7 @@ import yaml
 from huggingface_hub import constants
 from safetensors.torch import load_file
 
-from hf_tune.lifecycle.hub import MERGE_CHECK_TOLERANCE, merge
+from hf_tune.lifecycle.merge_run import MERGE_CHECK_TOLERANCE, merge
 
 R, ALPHA = 4, 8
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

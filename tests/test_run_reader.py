@@ -166,7 +166,7 @@ def test_a_merge_that_fails_midway_leaves_the_folder_as_it_was(trained_run, tmp_
     import errno
     import hashlib
 
-    import hf_tune.lifecycle.hub as hub
+    import hf_tune.lifecycle.merge_run as hub
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)

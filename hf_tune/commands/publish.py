@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def merge(args) -> None:
-    from hf_tune.lifecycle.hub import merge
+    from hf_tune.lifecycle.merge_run import merge
 
     result = merge(args.run_dir, out=args.out, dtype=args.dtype, check=args.check)
     print(f"merged model: {result['merged_dir']} ({result['dtype']})")

@@ -32,7 +32,7 @@ def served_folder(run: RunFolder) -> Path:
     if config.is_file() and config.stat().st_mtime >= adapter.stat().st_mtime:
         logger.info("Serving the merge already in %s", merged)
         return merged
-    from hf_tune.lifecycle.hub import merge
+    from hf_tune.lifecycle.merge_run import merge
 
     logger.info("Merging the adapter once into %s (hf-tune merge; reused by later serves)", merged)
     return Path(merge(run.path, out=merged)["merged_dir"])

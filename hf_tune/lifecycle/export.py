@@ -49,7 +49,7 @@ def export(run_dir: str | Path, format: str = DEFAULT_EXPORT_FORMAT, quant: str 
     try:
         source = run.path
         if run.weights() == "adapter":
-            from hf_tune.lifecycle.hub import merge
+            from hf_tune.lifecycle.merge_run import merge
 
             staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.stem}-merge-"))
             source = Path(merge(run.path, out=staging / "merged", dtype="float32")["merged_dir"])
