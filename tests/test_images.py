@@ -126,7 +126,8 @@ def test_a_bad_image_is_refused_before_training_naming_file_and_row(fault, tmp_p
 
 
 def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
-    from hf_tune.workflows.plan import format_plan, plan
+    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.workflows.plan import plan
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

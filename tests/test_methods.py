@@ -409,7 +409,8 @@ def test_every_shipped_method_recipe_validates(monkeypatch):
 
 
 def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
-    from hf_tune.workflows.plan import format_plan, plan
+    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.workflows.plan import plan
 
     dpo = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "dpo")
     result = plan(load_recipe(dpo))

@@ -38,7 +38,8 @@ def _train(args) -> None:
 
 def _plan(args) -> None:
     from hf_tune.build.loading import load_recipe
-    from hf_tune.workflows.plan import format_plan, plan
+    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.workflows.plan import plan
 
     print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
 

@@ -19,7 +19,7 @@ from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.errors import RecipeError
 from hf_tune.lifecycle import run_folder
 from hf_tune.model import build_tokenizer
-from hf_tune.model.memory import RUNTIME_RESERVE_BYTES, model_state_memory
+from hf_tune.model.memory import model_state_memory
 from hf_tune.model.meta import build_meta_model
 from hf_tune.model.moe import moe_shape
 from hf_tune.optim import group_summary, layerwise_param_groups, recipe_param_infos
@@ -28,7 +28,7 @@ from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["format_plan", "model_state_memory", "plan", "steps_per_epoch"]
+__all__ = ["model_state_memory", "plan", "steps_per_epoch"]
 
 
 def steps_per_epoch(num_examples: int, per_device_batch: int, accumulation: int, world_size: int) -> int:
@@ -218,98 +218,3 @@ def plot_schedule(curves: list[list[float]], groups: list[dict], path: Path) -> 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _tokens_line(tokens: dict | None) -> str:
-    if not tokens:
-        return ""
-    images = tokens.get("image_tokens_mean")
-    return (f"   tokens per example: mean {tokens['mean']:.1f}, max {tokens['max']}"
-            + (f" (image tokens: {images:.1f} on average)" if images is not None else ""))
-
-
-def teacher_line(teacher: dict) -> str:
-    where = "partitioned over the ranks (ZeRO-3)" if teacher["partitioned"] else "whole on each rank"
-    return (f"teacher: {teacher['name']}, {teacher['params']:,} parameters in {teacher['dtype']}, frozen: "
-            f"{teacher['bytes_per_rank'] / 2**30:.2f} GB per rank ({where})")
-
-
-def fit_lines(memory: dict | None) -> list[str]:
-    """The memory fit, as plan prints it: the budget, what hf_tune changed to meet it, or what keeps it from fitting."""
-    if not memory:
-        return []
-    if memory.get("checked", "").startswith("not estimated"):
-        return [f"  memory budget {memory['budget']}: {memory['checked']}"]
-    lines = [f"  {'fits' if memory['fits'] else 'does NOT fit'} the memory budget of {memory['budget']}"]
-    lines += [f"  fitted: {change}" for change in memory["changed"]]
-    if not memory["fits"]:
-        keys = memory["keys_in_the_way"]
-        lines.append(f"  fix: remove {' and '.join(keys)} so that hf_tune fits the run" if keys else
-                     "  fix: `hf-tune init MODEL --gpus N --gpu-memory GB` writes the fastest recipe that fits "
-                     "(ZeRO, activation checkpointing, smaller packs, QLoRA, or LoRA on attention only for a "
-                     "mixture of experts)")
-    return lines
-
-
-def format_plan(result: dict) -> str:
-    missing = result.get("data_not_read")
-    streamed = result["examples"] is None and not missing
-    examples = f"not counted: {missing}" if missing else "streamed, counted as read" if streamed else result["examples"]
-    packed = result.get("tokens_per_example") or {}
-    if packed.get("packs"):
-        examples = (f"{packed['examples']} in {packed['packs']} packs ({packed['examples_per_pack']:.1f} examples a "
-                    "pack, data.batch_tokens)")
-    per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
-    total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
-    lines = [f"method: {result['method']} ({result['method_batch']})", f"reference model: {result['reference']}",
-             *([teacher_line(result["teacher"])] if result.get("teacher") else []),
-             f"examples: {examples}{_tokens_line(result.get('tokens_per_example'))}",
-             f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
-             f"steps per epoch: {per_epoch or '-'}   total steps: {total}   "
-             f"warmup steps: {result['warmup_steps'] if result['warmup_steps'] is not None else '-'}   "
-             f"schedule: {result['lr_scheduler_type']}",
-             f"trainable parameters: {result['trainable_params']:,}",
-             *([result["moe"]] if result.get("moe") else []), "",
-             f"{'depth':>5} {'decay':>5} {'tensors':>7} {'params':>12} {'peak lr':>11} {'wd':>6}"]
-    for row in result["groups"]:
-        lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
-                     f"{row['params']:>12,} {row['lr']:>11.3e} {row['weight_decay']:>6g}")
-    quantized = result.get("quantized_weights")
-    if quantized:
-        lines.append(f"\nweights ({quantized['quantization']}): {quantized['bytes'] / 2**30:.3f} GB for "
-                     f"{quantized['params']:,} parameters "
-                     f"({quantized['full_precision_bytes'] / 2**30:.3f} GB unquantized)")
-    lines.append(f"\nmodel-state memory per rank ({result['world_size']} ranks, {result['memory_precision']}, AdamW; "
-                 "activations not included):")
-    lines.append(f"{'setup':<16} {'accelerator':>12} {'CPU':>10}")
-    for setup, (device, cpu) in result["memory_per_rank"].items():
-        mark = "  <- this recipe" if setup == result["setup"] else ""
-        lines.append(f"{setup:<16} {device / 2**30:>10.2f} GB {cpu / 2**30:>7.2f} GB{mark}")
-    act = result["activations"]
-    if act["tokens"]:
-        lines.append(f"activations: {act['bytes'] / 2**30:.2f} GB kept for backward, {act['peak_bytes'] / 2**30:.2f} "
-                     f"GB at the peak of forward and backward, for {act['tokens']:,} tokens a micro-batch (activation "
-                     f"checkpointing {'on' if act['checkpointing'] else 'off'})")
-        lines.append(f"  {act['source']}: {act['detail']}")
-    else:
-        lines.append("activations: not estimated for image models")
-    decided = result.get("decisions") or {}
-    if decided:
-        lines.append(f"  decided: attention {decided['attention'] or 'transformers default'}, padding-free "
-                     f"{'on' if decided['padding_free'] else 'off'}, chunked loss "
-                     f"{'on' if decided['chunked_loss'] else 'off'}"
-                     f", weights {decided['weights_dtype']}, mixed precision {decided['mixed_precision'] or 'off'}"
-                     + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else "")
-                     + (f", router load-balancing loss x {decided['router_aux_loss_coef']:g}"
-                        if decided.get("router_aux_loss_coef") else ""))
-    teacher = " + the teacher's weights" if result.get("teacher") else ""
-    lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
-                 f"(model states + activations at their peak{teacher} + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime "
-                 "reserve)")
-    if result.get("generation_cache_bytes"):
-        lines.append(f"  + {result['generation_cache_bytes'] / 2**30:.2f} GB of keys and values while a micro-batch's "
-                     "completions are sampled")
-    lines.extend(fit_lines(decided.get("memory")))
-    png = result["lr_schedule_png"]
-    lines.append(f"\nLR schedule plot: {png}" if png else "\nLR schedule plot: none (the step count is not known)")
-    return "\n".join(lines)
