@@ -108,6 +108,19 @@ def estimate(recipe: dict, world: int, models: dict, stand_in: str | None = None
 SETUPS = {"ddp": "no ZeRO (DDP)", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
+def extra_reasons(moe, experts: str | None, template: str | None, model_type: str, mxfp4: bool,
+                  size: int) -> dict[str, str]:
+    """The reasons a chosen recipe adds: a mixture of experts, a base without a chat template, an MXFP4 checkpoint."""
+    why = moe_reasons(moe, experts) if moe else {}
+    if template:
+        why["template"] = (f"data.chat_template: {template}: the base's tokenizer has none; names that fit it: "
+                           f"{', '.join(fitting_templates(model_type))}")
+    if mxfp4:
+        why["moe"] += (f"; its MXFP4 checkpoint is dequantized to bf16 for training: {2 * size / 2**30:.0f} GB of "
+                       "weights, about 4x what MXFP4 stores of the experts")
+    return why
+
+
 def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", max_length: int = 4096,
            data: str | None = None, output_dir: str | None = None, setup: str = "auto") -> tuple[dict, Choice]:
     """The first candidate, fastest first, whose estimated peak per rank fits ``gpu_memory_gb``; ``tuning`` and
@@ -153,17 +166,8 @@ def choose(model: str, gpus: int, gpu_memory_gb: float, tuning: str = "auto", ma
                         peak, source = estimate(recipe, gpus, models, stand_in)
                         tried.append(peak)
                         if peak <= budget and (checkpointing or tokens >= 4096):
-                            why = reasons(tune, setup, checkpointing, tokens, size, tunings, gpus)
-                            if moe:
-                                why = {**why, **moe_reasons(moe, experts)}
-                            if template:
-                                why["template"] = (f"data.chat_template: {template}: the base's tokenizer has none; "
-                                                   "names that fit it: "
-                                                   f"{', '.join(fitting_templates(config.model_type))}")
-                            if mxfp4:
-                                why["moe"] += (f"; its MXFP4 checkpoint is dequantized to bf16 for training: "
-                                               f"{2 * size / 2**30:.0f} GB of weights, about 4x what MXFP4 stores "
-                                               "of the experts")
+                            why = {**reasons(tune, setup, checkpointing, tokens, size, tunings, gpus),
+                                   **extra_reasons(moe, experts, template, config.model_type, mxfp4, size)}
                             return recipe, Choice(tune, experts, setup, checkpointing, tokens, accumulation, peak,
                                                   why, source)
     raise HfTuneError(f"{model} ({size / 1e9:.1f}B parameters) fits no recipe on {gpus} x {gpu_memory_gb:g} GB: the "

@@ -18,8 +18,8 @@ from hf_tune.model.merge import (
     base_checkpoint_folder,
     plan_shard_merge,
     read_lora_deltas,
-    write_merged_shards,
 )
+from hf_tune.model.merge_write import write_merged_shards
 from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
 
 logger = logging.getLogger(__name__)

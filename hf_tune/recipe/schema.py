@@ -36,6 +36,7 @@ from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
 from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.catalog.tasks import DEFAULT_TASK, TASKS
 from hf_tune.recipe.resilience_section import ResilienceSection
+from hf_tune.recipe.run_sections import MachineSection, ProfileSection
 from hf_tune.recipe.search_section import Distribution, SearchSection  # noqa: F401  re-exported for their importers
 from hf_tune.recipe.section import Section as _Section
 
@@ -229,26 +230,6 @@ class TrackingSection(_Section):
     name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")
     group: str | None = None
     tags: list[str] = Field(default_factory=list)
-
-
-class ProfileSection(_Section):
-    """``torch.profiler`` over training steps (``torch.profiler.schedule`` names): skip ``wait`` steps, warm up for
-    ``warmup``, record ``active``; the trace, top operators and step-time shares go to ``output_dir/profile/``."""
-
-    wait: int = Field(default=1, ge=0, description="steps skipped first (the first step carries one-off set-up)")
-    warmup: int = Field(default=1, ge=0, description="steps profiled but discarded (profiler start-up)")
-    active: PositiveInt = Field(default=3, description="steps recorded")
-    record_shapes: bool = Field(default=True, description="input shapes of each operator, in the trace")
-    with_stack: bool = Field(default=False, description="Python stacks and nn.Module names (slower)")
-    profile_memory: bool = Field(default=False, description="tensor allocations")
-
-
-class MachineSection(_Section):
-    """The machine a recipe was written for (``hf-tune init`` writes it): ``plan`` plans for it unless told
-    otherwise (``--world-size``) and says whether the estimated peak fits its GPU memory."""
-
-    world_size: PositiveInt = Field(default=1, description="processes (GPUs) the run is launched on")
-    gpu_memory_gb: PositiveFloat | None = Field(default=None, description="memory of one GPU, in GB (2**30 bytes)")
 
 
 SECTIONS = ("method", "rewards", "model", "teacher", "lora", "data", "training", "optim", "evaluation", "hub", "search",
