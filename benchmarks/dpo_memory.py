@@ -121,7 +121,7 @@ def plain_trl_trainer(data: Path, out: Path, checkpointing: bool):
 
 
 def build_trainer(setup: str, data: Path, out: Path):
-    from hf_tune.build.run_build import build_run
+    from hf_tune.assembly.run_build import build_run
 
     if setup.startswith("trl_"):
         return plain_trl_trainer(data, out, checkpointing=setup == "trl_default")

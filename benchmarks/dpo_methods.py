@@ -42,7 +42,7 @@ def run_child(*args: str) -> dict:
 
 def dpo_child(setup: str, steps: int, work: Path) -> dict:
     from hf_tune import load_recipe
-    from hf_tune.build.run_build import build_run
+    from hf_tune.assembly.run_build import build_run
 
     overrides = [f"training.max_steps={steps}", f"training.output_dir={work / setup}", "training.save_strategy=no",
                  "training.eval_strategy=no", "training.logging_steps=1", "training.disable_tqdm=true"]
@@ -86,7 +86,7 @@ def raw_train(recipe):
 
 def reward_child(work: Path) -> dict:
     from hf_tune import load_recipe
-    from hf_tune.build.run_build import build_run
+    from hf_tune.assembly.run_build import build_run
 
     recipe = load_recipe(REPO / "recipes" / "reward_model.yaml", [f"training.output_dir={work / 'reward'}",
                                                                    "training.disable_tqdm=true"])
@@ -99,7 +99,7 @@ def reward_child(work: Path) -> dict:
 
 def grpo_child(seed: int, work: Path) -> dict:
     from hf_tune import load_recipe
-    from hf_tune.build.run_build import build_run
+    from hf_tune.assembly.run_build import build_run
 
     recipe = load_recipe(REPO / "recipes" / "llm_grpo.yaml", [f"training.output_dir={work / f'grpo{seed}'}",
                                                                f"training.seed={seed}", "training.logging_steps=1",

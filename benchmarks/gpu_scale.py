@@ -84,7 +84,7 @@ def run_setup(setup: str, ns) -> dict:
     import torch
 
     from hf_tune import load_recipe
-    from hf_tune.build.run_build import build_trainer
+    from hf_tune.assembly.run_build import build_trainer
     from hf_tune.data import build_training_data
     from hf_tune.model.attention import loaded_attn_implementation
     from hf_tune.model.attention_choice import apply_attention

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-IMPORTS = "import hf_tune.run, hf_tune.build.run_build"
+IMPORTS = "import hf_tune.run, hf_tune.assembly.run_build"
 
 
 def start(root: Path) -> float:

@@ -94,7 +94,7 @@ def offline(monkeypatch):
     """No Hub: the shipped config.json is the only source of a big model's shapes."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("hf_tune.runtime.network.hub_is_reachable", lambda *a, **k: False)
-    for module in ("hf_tune.build.preflight", "hf_tune.model.loading"):
+    for module in ("hf_tune.assembly.preflight", "hf_tune.model.loading"):
         monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
 
 

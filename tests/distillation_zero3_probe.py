@@ -8,7 +8,7 @@ import json
 import sys
 
 from hf_tune import load_recipe
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.runtime.distributed import end_process_group
 
 arguments = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from hf_tune.build.loading import load_recipe
+from hf_tune.assembly.loading import load_recipe
 from hf_tune.commands.command_line import configure_logging, user_errors
 from hf_tune.workflows.train import train
 

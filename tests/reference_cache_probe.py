@@ -11,7 +11,7 @@ import sys
 
 import hf_tune.trainer.reference
 from hf_tune import load_recipe
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.runtime.distributed import end_process_group
 
 logging.basicConfig(level=logging.INFO)

@@ -17,7 +17,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from hf_tune.build.run_build import causal_loss
+from hf_tune.assembly.run_build import causal_loss
 from hf_tune.model.activation_probe import ProbeSetup, estimate_activations, probe_lengths, width_fit
 from hf_tune.model.loss import is_chunked
 from hf_tune.model.moe import moe_lora

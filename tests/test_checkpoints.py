@@ -141,7 +141,7 @@ def test_manifest_has_every_field_and_no_secret(tmp_path, tiny_llama_dir, monkey
     assert "train_loss" in manifest["metrics"] and "eval_loss" in manifest["metrics"]
     assert manifest["end_time"] >= manifest["start_time"]
     assert manifest["cpu_threads"] >= 1
-    # what ran is what plan showed: one set of decisions (hf_tune/build/decisions.py), read off the built run
+    # what ran is what plan showed: one set of decisions (hf_tune/assembly/decisions.py), read off the built run
     from hf_tune.workflows.plan import plan
 
     assert manifest["decisions"] == plan(load_recipe(raw), out_dir=tmp_path / "plan")["decisions"]

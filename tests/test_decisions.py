@@ -1,5 +1,5 @@
-"""One decision per run (hf_tune/build/decisions.py): what ``plan`` shows is what the run runs, a check on the real
-model may only fall back (recorded), and the run fits the memory it has (hf_tune/build/memory_fit.py)."""
+"""One decision per run (hf_tune/assembly/decisions.py): what ``plan`` shows is what the run runs, a check on the real
+model may only fall back (recorded), and the run fits the memory it has (hf_tune/assembly/memory_fit.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import yaml
 from conftest import REPO, chat_recipe
 
 from hf_tune import load_recipe
-from hf_tune.build.decisions import decide, decide_attention
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.decisions import decide, decide_attention
+from hf_tune.assembly.run_build import build_run
 from hf_tune.training_args import build_training_arguments
 from hf_tune.workflows.plan import plan
 from hf_tune.workflows.train import train
@@ -85,7 +85,7 @@ def test_flash_attention_is_decided_only_for_a_model_that_supports_it(tiny_llama
 def test_flash_attention_that_fails_to_load_falls_back_recorded(tiny_llama_dir, tmp_path, monkeypatch, caplog):
     """The decision says flash attention; flash-attn is not installed here, so loading it fails: the run falls back
     to sdpa_varlen (which also runs flattened examples apart), says so in one line, and run.json records it."""
-    import hf_tune.build.run_build as run_build
+    import hf_tune.assembly.run_build as run_build
 
     real = run_build.decide
 
@@ -125,7 +125,7 @@ def test_a_qlora_plan_computes_in_float32_where_the_compute_dtype_is_left_unset(
 def test_arguments_are_built_once_and_the_launch_checked_once_per_run(tiny_llama_dir, tmp_path, monkeypatch):
     import transformers
 
-    import hf_tune.build.run_build as run_build
+    import hf_tune.assembly.run_build as run_build
     import hf_tune.runtime.distributed as distributed
     import hf_tune.workflows.train as workflow
 

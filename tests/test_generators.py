@@ -17,7 +17,7 @@ from conftest import DATA, REPO, chat_recipe
 from safetensors.torch import load_file
 
 from hf_tune import load_recipe
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.workflows.train import train
 
 
@@ -52,7 +52,7 @@ def test_an_evaluated_run_trains_exactly_as_the_same_run_without_evaluation(tiny
 
 
 def test_no_monitor_probe_or_measurement_draws_from_the_run_s_generators(tiny_llama_dir, tmp_path, monkeypatch):
-    from hf_tune.build.memory_fit import estimate_peak
+    from hf_tune.assembly.memory_fit import estimate_peak
     from hf_tune.model import activation_probe, packing_probe
     from hf_tune.model.chunked_head import chunked_loss_head
     from hf_tune.model.meta import build_meta_model

@@ -131,7 +131,7 @@ def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for module in ("hf_tune.runtime.network", "hf_tune.build.preflight", "hf_tune.model.loading"):
+    for module in ("hf_tune.runtime.network", "hf_tune.assembly.preflight", "hf_tune.model.loading"):
         monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
     recipe = load_recipe(REPO / "recipes/image_classifier.yaml", [f"training.output_dir={tmp_path}"])
     result = plan(recipe, out_dir=tmp_path)

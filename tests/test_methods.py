@@ -17,7 +17,7 @@ from conftest import DATA, REPO, nan_model
 from inputs import PAIRS, conversational_pairs, method_recipe, write_jsonl
 
 from hf_tune import load_recipe, train
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.recipe import read_recipe
 

@@ -203,7 +203,7 @@ def test_the_router_loss_is_on_logged_and_equals_the_switch_loss_by_hand(moe_dir
 
 
 def test_a_router_loss_coefficient_on_a_dense_model_is_refused(tiny_llama_dir, tmp_path):
-    from hf_tune.build.decisions import decide
+    from hf_tune.assembly.decisions import decide
     from hf_tune.training_args import build_training_arguments
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run")

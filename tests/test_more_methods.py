@@ -15,7 +15,7 @@ from conftest import REPO, save_tiny_llama
 from inputs import conversational_pairs, method_recipe, write_jsonl
 
 from hf_tune import load_recipe
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.errors import RecipeError
 
 

@@ -122,7 +122,7 @@ class RecordLr(TrainerCallback):
 
 
 def run_tiny_llrd(tiny_llama_dir, out, recorder, max_steps, accumulation=1, resume=None, save_steps=None):
-    from hf_tune.build.run_build import build_model_and_tokenizer, build_trainer
+    from hf_tune.assembly.run_build import build_model_and_tokenizer, build_trainer
     from hf_tune.data import build_datasets
     from hf_tune.training_args import build_training_arguments
 

@@ -115,7 +115,7 @@ def test_on_by_default_as_hf_tunes_callback_never_upstreams(tmp_path, tiny_llama
     from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
     from hf_tune import load_recipe
-    from hf_tune.build.run_build import build_run
+    from hf_tune.assembly.run_build import build_run
     from hf_tune.commands.effective import hf_tune_defaults
     from hf_tune.trainer.preemption import SaveOnSignal
 

@@ -255,7 +255,7 @@ def test_a_quantized_base_is_checkpointed_with_the_recipes_kwargs_by_either_name
     preparation honours the new names and still reads the old ones."""
     from conftest import chat_recipe
 
-    from hf_tune.build.run_build import build_model_and_tokenizer
+    from hf_tune.assembly.run_build import build_model_and_tokenizer
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", **{name: True, f"{name}_kwargs": {"use_reentrant": True}})
     raw["model"]["quantization_config"] = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}

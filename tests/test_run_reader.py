@@ -19,7 +19,7 @@ from hf_tune.errors import HfTuneError
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, tiny_llama_dir) -> Path:
     """A finished 2-step LoRA run with a complete checkpoint at each step."""
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.workflows.train import train
 
     out = tmp_path_factory.mktemp("reader") / "run"
@@ -113,7 +113,7 @@ def test_a_crash_that_cut_the_manifest_short_is_mended_by_the_rerun_its_error_na
     rerun the error prescribes resumes from checkpoint-1, trains step 2 and writes run.json again."""
     import json
 
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.workflows.train import train
 
     run = tmp_path / "run"
@@ -144,7 +144,7 @@ def test_the_intact_run_reads_as_the_verbs_need_it(trained_run):
 def test_a_run_killed_after_its_last_checkpoint_is_not_trained_a_step_further(trained_run, tmp_path):
     """Killed after checkpoint-2 (its max_steps) was saved, before the run ended: Trainer would resume it and train a
     third step (measured: global_step 3), changing the model. The rerun is refused, naming the checkpoint to use."""
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.errors import RecipeError
     from hf_tune.workflows.train import train
 

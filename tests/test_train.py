@@ -43,7 +43,7 @@ def test_a_trainer_built_by_hand_without_its_monitors_stops_with_the_fix(tmp_pat
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainingArguments
 
-    from hf_tune.build.run_build import attach_callbacks
+    from hf_tune.assembly.run_build import attach_callbacks
     from hf_tune.errors import HfTuneError
     from hf_tune.trainer.hooks import HfTuneTrainer
     from hf_tune.trainer.monitors import Monitors

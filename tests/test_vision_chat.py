@@ -108,7 +108,7 @@ def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for module in ("hf_tune.runtime.network", "hf_tune.build.preflight", "hf_tune.model.loading"):
+    for module in ("hf_tune.runtime.network", "hf_tune.assembly.preflight", "hf_tune.model.loading"):
         monkeypatch.setattr(f"{module}.hub_is_reachable", lambda *a, **k: False)
     result = plan(load_recipe(REPO / "recipes/vlm_lora.yaml", [f"training.output_dir={tmp_path}"]), out_dir=tmp_path)
     assert "not at hand" in result["data_not_read"]  # the processor tokenizes: without it the data is not counted

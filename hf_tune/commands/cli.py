@@ -37,7 +37,7 @@ def _train(args) -> None:
 
 
 def _plan(args) -> None:
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.commands.plan_text import format_plan
     from hf_tune.workflows.plan import plan
 
@@ -58,7 +58,7 @@ def _init(args) -> None:
 
 
 def _data(args) -> None:
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.commands.data_preview import data_preview
 
     colour = sys.stdout.isatty() and not args.no_colour
@@ -66,7 +66,7 @@ def _data(args) -> None:
 
 
 def _cv(args) -> None:
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.search.folds import cross_validate
 
     result = cross_validate(load_recipe(args.recipe, args.overrides), args.folds)
@@ -75,7 +75,7 @@ def _cv(args) -> None:
 
 
 def _search(args) -> None:
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.search import format_summary, search
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -125,7 +125,7 @@ def _serve(args) -> None:
 
 
 def _profile(args) -> None:
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.commands.profile import profile_recipe
     from hf_tune.trainer.profiling import format_profile
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from hf_tune.build.decisions import decide
-from hf_tune.build.memory_fit import refuse_unfit
+from hf_tune.assembly.decisions import decide
+from hf_tune.assembly.memory_fit import refuse_unfit
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.recipe.schema import Recipe
@@ -63,7 +63,7 @@ def mark_defaults(text: str, defaults: dict[str, dict[str, Any]]) -> str:
 
 def validate_command(args) -> None:
     """``hf-tune validate``: the resolved recipe, what hf_tune decides where it is silent marked as its default."""
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 
     recipe = load_recipe(args.recipe, args.overrides)

@@ -167,7 +167,7 @@ def _wait_to_appear(run_dir: Path, wait: float, interval: float) -> None:
 def _check_tasks(tasks: list[str], from_flag: bool) -> None:
     """Every task is known and its examples can be read, before any model loads (the recipe's own tasks were
     checked when it trained; they are named by their recipe key, the flag's by ``--tasks``)."""
-    from hf_tune.build.preflight import offline_reason
+    from hf_tune.assembly.preflight import offline_reason
     from hf_tune.evaluation.task_sources import check_task_sources
     from hf_tune.runtime.network import hub_is_reachable
 

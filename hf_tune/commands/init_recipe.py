@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from hf_tune.build.decisions import decide
-from hf_tune.build.memory_fit import HEADROOM, estimate_peak
+from hf_tune.assembly.decisions import decide
+from hf_tune.assembly.memory_fit import HEADROOM, estimate_peak
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.catalog.templates import fitting_templates
 from hf_tune.errors import HfTuneError, RecipeError, describe_exception

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.errors import HfTuneError
 from hf_tune.recipe.schema import ProfileSection, Recipe
 from hf_tune.trainer.profiling import StepProfiler, profile_dir

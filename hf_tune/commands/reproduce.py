@@ -54,7 +54,7 @@ def reproduce(run_dir: str | Path, out: str | Path | None = None, against: str |
             f"reproduce {run.path} --against {out}")
     import torch
 
-    from hf_tune.build.loading import load_recipe
+    from hf_tune.assembly.loading import load_recipe
     from hf_tune.workflows.train import train
 
     threads = manifest.get("cpu_threads")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from hf_tune.build.loading import load_recipe
+from hf_tune.assembly.loading import load_recipe
 from hf_tune.catalog.tasks import task_of
 from hf_tune.commands.command_line import configure_logging, launcher_parser, user_errors
 from hf_tune.recipe.schema import Recipe

@@ -113,8 +113,8 @@ def build_collator(recipe: Recipe, tokenizer, model_class: type | None = None,
     """Classification: padded to the longest in the batch. Causal LM: padding-free when ``data.padding_free`` says so
     (default: where ``model_class`` supports it and it saves compute, see below), with the trained-positions mask when
     ``model.logits_to_keep: trained`` and the model's forward takes ``logits_to_keep``. ``attn_implementation``: what
-    the built model runs; ``padding_free``: the run's decision (``hf_tune.build.decisions``), decided here by the same
-    rule when not given."""
+    the built model runs; ``padding_free``: the run's decision (``hf_tune.assembly.decisions``), decided here by the
+    same rule when not given."""
     task = task_of(recipe.model.task)
     causal = task.causal
     if task.collator_class is not None:  # the task's own (images through the processor)

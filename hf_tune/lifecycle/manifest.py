@@ -47,7 +47,7 @@ def write_manifest(run_dir: Path, recipe: Recipe, args, datasets: dict[str, Any]
                    resumed_from: str | None = None) -> Path:
     """Write (or rewrite) ``run_dir/run.json``; ``end_time`` is set only when the run finished. ``rollbacks``: those
     of ``resilience.rollback_on_nonfinite`` (kept only when there were some); ``decisions``: what hf_tune decided
-    for the run and the build ran (``hf_tune.build.decisions.ran``); ``resumed_from``: the checkpoint this launch
+    for the run and the build ran (``hf_tune.assembly.decisions.ran``); ``resumed_from``: the checkpoint this launch
     resumed from (its ``train_loss`` and token counts are Trainer's and hf_tune's for this launch's steps only)."""
     import torch
 

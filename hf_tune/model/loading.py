@@ -72,7 +72,7 @@ def build_model(recipe: Recipe, tokenizer=None, labels: list[str] | None = None,
                 checkpointing: bool | None = None, fall_back=None):
     """The base model, wrapped by PEFT when the recipe has a ``lora`` section. ``labels``: class names of a
     classification recipe (default: read from its training data), stored in the config as id2label / label2id.
-    ``attention`` and ``checkpointing``: the run's decisions (``hf_tune.build.decisions``; without them, the recipe's
+    ``attention`` and ``checkpointing``: the run's decisions (``hf_tune.assembly.decisions``; without them, the recipe's
     own keys, and transformers' attention where it names none); ``fall_back(name, value, why)`` is told where the
     model cannot run a decision (flash attention that fails to load)."""
     m, task = recipe.model, task_of(recipe.model.task)

@@ -1,6 +1,6 @@
 """Recipes: the schema, YAML loading, command-line overrides and the checks that need nothing built. Pure: reading
-a recipe opens no socket, loads no model and starts no process group (``hf_tune.build.preflight`` adds those checks, and
-``hf_tune.load_recipe`` runs both)."""
+a recipe opens no socket, loads no model and starts no process group (``hf_tune.assembly.preflight`` adds those
+checks, and ``hf_tune.load_recipe`` runs both)."""
 
 from hf_tune.recipe.loading import read_recipe
 from hf_tune.recipe.overrides import apply_overrides, apply_values

@@ -1,5 +1,5 @@
 """Read a recipe from YAML (or a dict), apply ``section.key=value`` overrides, validate it. Pure: no network, no
-model, no process group (``hf_tune.build.preflight`` adds the checks that need those)."""
+model, no process group (``hf_tune.assembly.preflight`` adds the checks that need those)."""
 
 from __future__ import annotations
 

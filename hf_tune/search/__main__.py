@@ -12,7 +12,7 @@ from hf_tune.runtime.process import settle_process
 plain_progress_off_a_terminal()  # before the libraries below load: tqdm reads it at its import
 settle_process()  # before torch loads: MKL reads MKL_CBWR at its first call
 
-from hf_tune.build.loading import load_recipe  # noqa: E402  after the two calls above, which must come first
+from hf_tune.assembly.loading import load_recipe  # noqa: E402  after the two calls above, which must come first
 from hf_tune.runtime.distributed import end_process_group  # noqa: E402
 from hf_tune.search import format_summary, search  # noqa: E402
 

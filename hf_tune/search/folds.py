@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.catalog.formats import format_names, format_of
 from hf_tune.data import TrainingData, data_seed, tokenize
 from hf_tune.data.classification import label_names

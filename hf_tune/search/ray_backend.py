@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hf_tune.build.run_build import build_data
+from hf_tune.assembly.run_build import build_data
 from hf_tune.errors import HfTuneError
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.schema import Distribution, Recipe, SearchSection

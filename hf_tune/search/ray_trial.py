@@ -23,7 +23,7 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     own, or under PBT a donor's), train, report every evaluation."""
     from ray import tune
 
-    from hf_tune.build.run_build import build_run
+    from hf_tune.assembly.run_build import build_run
     from hf_tune.training_args import build_training_arguments
 
     number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])

@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from hf_tune.build.run_build import build_data, build_run
+from hf_tune.assembly.run_build import build_data, build_run
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.checks import search_metrics
 from hf_tune.recipe.schema import Recipe, SearchSection

@@ -1,6 +1,6 @@
 """hf_tune's Trainer features as a mixin, extended only through Trainer's own hooks: over ``transformers.Trainer``
 (``HfTuneTrainer``, method sft) and over TRL's trainers (the other methods, ``method_trainer_class``). The trainers
-are built, and their callbacks attached, in ``hf_tune.build.run_build``."""
+are built, and their callbacks attached, in ``hf_tune.assembly.run_build``."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class HfTuneMixin:
     at the next log or save, before any checkpoint holds it (``hf_tune.trainer.loss_guard``), and logs add the LR of the
     lowest and highest group, throughput (tokens/s, MFU, peak memory: ``hf_tune.trainer.throughput``) and, for
     supervised causal LMs, eval perplexity. The NaN guard, the throughput counter and the others the hooks feed are
-    callbacks that ``hf_tune.build.run_build.attach_callbacks`` attaches and hands to the trainer as its ``monitors``
+    callbacks that ``hf_tune.assembly.run_build.attach_callbacks`` attaches and hands to the trainer as its ``monitors``
     (``hf_tune.trainer.monitors``); a trainer without them stops at its first hook with an error saying so.
 
     The optimizer class and its arguments still come from ``training.optim``, so the groups compose with every

@@ -1,6 +1,6 @@
 """The callbacks a run's Trainer hooks feed and the train verb reads, held by name: built where the callbacks are
-attached (``hf_tune.build.run_build.attach_callbacks``) and handed to the trainer, so that no hook looks a callback up
-by its class and a trainer built without them fails clearly instead of silently counting nothing."""
+attached (``hf_tune.assembly.run_build.attach_callbacks``) and handed to the trainer, so that no hook looks a
+callback up by its class and a trainer built without them fails clearly instead of silently counting nothing."""
 
 from __future__ import annotations
 
@@ -31,6 +31,6 @@ def monitors_of(trainer) -> Monitors:
     if monitors is None:
         raise HfTuneError(f"{type(trainer).__name__} has no monitors: it was built without hf_tune's callbacks, so "
                           "its hooks would count no tokens and guard no loss\n  fix: build it with hf_tune.build_run, "
-                          "or call hf_tune.build.run_build.attach_callbacks(trainer, recipe) before train(); "
+                          "or call hf_tune.assembly.run_build.attach_callbacks(trainer, recipe) before train(); "
                           "to run without them, set trainer.monitors = hf_tune.trainer.monitors.Monitors()")
     return monitors

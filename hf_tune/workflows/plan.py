@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from transformers import get_scheduler
 
-from hf_tune.build.decisions import decide
-from hf_tune.build.memory_fit import estimate_peak, pack_padding_ratio
-from hf_tune.build.run_build import build_method_data
+from hf_tune.assembly.decisions import decide
+from hf_tune.assembly.memory_fit import estimate_peak, pack_padding_ratio
+from hf_tune.assembly.run_build import build_method_data
 from hf_tune.catalog.formats import format_of
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
@@ -158,7 +158,7 @@ def lr_curves(model, infos, args, total: int) -> tuple[list[list[float]], list[d
 
 def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = None,
                 tokens_per_example: dict | None = None) -> dict:
-    """The run's decisions fitted to the machine (``hf_tune.build.decisions``, ``hf_tune.build.memory_fit``: the
+    """The run's decisions fitted to the machine (``hf_tune.assembly.decisions``, ``hf_tune.assembly.memory_fit``: the
     budget and what the fit changed), and under them the model states per rank by setup, the activations of one
     micro-batch (measured by the probe on the recipe's architecture, or a formula where it cannot run it, said so), a
     teacher's weights, a generating method's cache, and the estimated peak of the setup the recipe runs.

@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 from transformers import TrainerCallback
 
-from hf_tune.build.decisions import ran
-from hf_tune.build.run_build import Run, build_run
+from hf_tune.assembly.decisions import ran
+from hf_tune.assembly.run_build import Run, build_run
 from hf_tune.catalog.tasks import task_of
 from hf_tune.data.preview import first_example_for_the_log
 from hf_tune.errors import HfTuneError

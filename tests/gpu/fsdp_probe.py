@@ -10,7 +10,7 @@ import torch
 from transformers import TrainerCallback
 
 from hf_tune import load_recipe
-from hf_tune.build.run_build import build_run
+from hf_tune.assembly.run_build import build_run
 from hf_tune.trainer.checkpoints import resume_checkpoint
 from hf_tune.training_args import build_training_arguments
 from hf_tune.workflows.train import save_final_model

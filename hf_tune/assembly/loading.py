@@ -1,13 +1,13 @@
 """``load_recipe``, what users call: read and validate a recipe (``hf_tune.recipe``, pure), then run the preflight
-checks that ask a builder or the Hub (``hf_tune.build.preflight``). Everything that can fail before the first step fails
-here."""
+checks that ask a builder or the Hub (``hf_tune.assembly.preflight``). Everything that can fail before the first
+step fails here."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from hf_tune.build.preflight import preflight
+from hf_tune.assembly.preflight import preflight
 from hf_tune.recipe import Recipe, read_recipe
 
 

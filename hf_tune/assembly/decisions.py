@@ -14,14 +14,14 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.assembly.memory_fit import Budget, fit_memory, memory_budget
 from hf_tune.catalog.formats import format_of
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
-from hf_tune.training_args import computes_in_half_precision
 from hf_tune.data import decide_padding_free
-from hf_tune.model.attention import NAME as SDPA_VARLEN, default_attn_implementation, runs_examples_apart
-from hf_tune.model.attention import supports_padding_free
+from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.model.attention import NAME as SDPA_VARLEN
+from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
 from hf_tune.model.attention_choice import flash_candidates
 from hf_tune.model.chunked_head import expects_chunked_loss
 from hf_tune.model.meta import config_model_class, load_model_config, meta_dtype
@@ -29,7 +29,7 @@ from hf_tune.model.moe import is_moe_config
 from hf_tune.recipe.quantization import weight_sharding
 from hf_tune.recipe.schema import Recipe
 from hf_tune.trainer.preemption import saves_on_signal
-from hf_tune.build.memory_fit import Budget, fit_memory, memory_budget
+from hf_tune.training_args import computes_in_half_precision
 
 logger = logging.getLogger("hf_tune")
 
@@ -53,7 +53,7 @@ class RunDecisions:
     resume_from_checkpoint: str
     save_on_signal: bool
     router_aux_loss_coef: float | None = None  # a mixture of experts' load-balancing loss in SFT (None: off)
-    memory: dict | None = None  # the fit to the machine's memory (build/memory_fit.py): budget, changes, fits
+    memory: dict | None = None  # the fit to the machine's memory (assembly/memory_fit.py): budget, changes, fits
     fallbacks: tuple = ()  # (decision, decided, ran, why) of each check on the real model that fell back
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
     """The run's decisions. ``config``: the model's (read from where ``from_pretrained`` finds it, or the copy
     hf_tune ships, when not given); ``model_class``: the class the run builds (found from the config when not given);
     no weight and no tokenizer is read. With ``fit``, the decisions are fitted to ``budget`` (the machine's memory,
-    ``memory_budget``, when not given; ``build/memory_fit.py``): ``model`` is the recipe's model on the meta device
+    ``memory_budget``, when not given; ``assembly/memory_fit.py``): ``model`` is the recipe's model on the meta device
     (built from the config when not given), ``world`` the ranks to plan for (when not given: the launch's where it
     is distributed, else ``machine.world_size``),
     ``padding_ratio`` the packs' padding (``pack_padding_ratio``)."""
@@ -205,8 +205,8 @@ def ran(run) -> RunDecisions:
     model loaded with, the collator's padding-free rows, the trainer's loss, the arguments' checkpointing and batch.
     Each may differ from the decision only where the build recorded a fallback; anything else is an ``HfTuneError``
     (a builder that decided again). ``run.json`` keeps the result."""
-    from hf_tune.model.loss import is_chunked
     from hf_tune.model.attention import loaded_attn_implementation
+    from hf_tune.model.loss import is_chunked
 
     decided, args, trainer = run.decisions, run.args, run.trainer
     sft = not method_of(run.recipe.method).uses_trl

@@ -1,6 +1,6 @@
 """Checks that ask a builder: is the model there (the Hub, the local cache, an embedded package), does
 ``TrainingArguments`` accept the section, do the FSDP wrap classes exist in the model, can a push reach the Hub.
-They run after the pure recipe validation and report every problem they find at once (``hf_tune.build.loading``'s
+They run after the pure recipe validation and report every problem they find at once (``hf_tune.assembly.loading``'s
 ``load_recipe`` runs both).
 """
 
@@ -15,16 +15,16 @@ from typing import Callable
 
 from huggingface_hub import constants
 
-from hf_tune.model.embedded import is_embedded, locate_embedded
+from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.runtime.hub_access import RepoProblem, dataset_is_cached, hub_repo_problem, model_is_cached
-from hf_tune.runtime.network import hub_is_reachable
+from hf_tune.lifecycle.tracking import check_trackers
+from hf_tune.model.embedded import is_embedded, locate_embedded
+from hf_tune.model.meta import config_model_class, load_model_config, shipped_config_path
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe import Recipe, apply_values, validate_recipe
-from hf_tune.model.meta import config_model_class, load_model_config, shipped_config_path
 from hf_tune.recipe.upstream import did_you_mean
-from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
-from hf_tune.lifecycle.tracking import check_trackers
+from hf_tune.runtime.hub_access import RepoProblem, dataset_is_cached, hub_repo_problem, model_is_cached
+from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.training_args import build_training_arguments
 
 logger = logging.getLogger(__name__)
@@ -213,7 +213,8 @@ def _check_task_fits_model(recipe: Recipe) -> None:
     config_model_class(recipe, config)
 
 
-CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_task_fits_model, _check_hub_datasets, _check_fsdp, _check_push, _check_training_arguments,
+CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_task_fits_model, _check_hub_datasets,
+                                                 _check_fsdp, _check_push, _check_training_arguments,
                                                  _check_search_samples, _check_lora_init,
                                                  _check_flash_attention_installed, check_trackers,
                                                  _check_evaluation_tasks)

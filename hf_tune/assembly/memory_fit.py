@@ -16,8 +16,15 @@ from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.errors import RecipeError
 from hf_tune.model.activation_probe import ActivationEstimate, ProbeSetup, estimate_activations
-from hf_tune.model.memory import (RUNTIME_RESERVE_BYTES, activation_memory, model_state_memory, model_state_sizes,
-                                  quantized_model_state_memory, quantized_weight_memory, recipe_setup)
+from hf_tune.model.memory import (
+    RUNTIME_RESERVE_BYTES,
+    activation_memory,
+    model_state_memory,
+    model_state_sizes,
+    quantized_model_state_memory,
+    quantized_weight_memory,
+    recipe_setup,
+)
 from hf_tune.model.quantization import describe
 from hf_tune.recipe.schema import Recipe
 

@@ -20,37 +20,37 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainingArguments, set_seed
 
-from hf_tune.trainer.checkpoints import CheckpointMarker
-from hf_tune.trainer.renamed_weights import ReloadRenamedWeights
-from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
-from hf_tune.model.loss import ChunkedCausalLMLoss, RouterBalancedLoss
-from hf_tune.data.preference import load_method_data
-from hf_tune.runtime.distributed import check_distributed, decided_on_main, fit_cpu_threads
-from hf_tune.errors import RecipeError, stage_errors
-from hf_tune.evaluation.trainer_metrics import build_callbacks, build_compute_metrics
-from hf_tune.evaluation.downstream import build_downstream_scores, build_sample_callbacks
-from hf_tune.trainer.loss_guard import NonFiniteLossGuard
-from hf_tune.trainer.mirror import CheckpointMirror
-from hf_tune.trainer.monitors import Monitors
-from hf_tune.trainer.rollback import StepSkips
-from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
+from hf_tune.assembly.decisions import RunDecisions, decide, fall_back, fitted_recipe, router_loss_coefficient
+from hf_tune.assembly.memory_fit import pack_padding_ratio, refuse_unfit
 from hf_tune.catalog.methods import method_of
+from hf_tune.catalog.rewards import build_reward_funcs
+from hf_tune.catalog.tasks import task_of
+from hf_tune.data import TrainingData, build_collator, build_training_data, causal_lm_loss, data_seed, dataset_labels
+from hf_tune.data.preference import load_method_data
+from hf_tune.errors import RecipeError, stage_errors
+from hf_tune.evaluation.downstream import build_downstream_scores, build_sample_callbacks
+from hf_tune.evaluation.trainer_metrics import build_callbacks, build_compute_metrics
+from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.model.attention import loaded_attn_implementation, runs_examples_apart
 from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, log_chunked_loss_off
 from hf_tune.model.loading import model_class
+from hf_tune.model.loss import ChunkedCausalLMLoss, RouterBalancedLoss
 from hf_tune.optim.resume import RecipeHyperparameters
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
-from hf_tune.catalog.rewards import build_reward_funcs
-from hf_tune.catalog.tasks import task_of
+from hf_tune.runtime.distributed import check_distributed, decided_on_main, fit_cpu_threads
+from hf_tune.trainer.checkpoints import CheckpointMarker
+from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
+from hf_tune.trainer.loss_guard import NonFiniteLossGuard
+from hf_tune.trainer.mirror import CheckpointMirror
+from hf_tune.trainer.monitors import Monitors
+from hf_tune.trainer.preemption import SaveOnSignal, saves_on_signal
+from hf_tune.trainer.renamed_weights import ReloadRenamedWeights
+from hf_tune.trainer.rollback import StepSkips
 from hf_tune.trainer.throughput import Throughput
 from hf_tune.trainer.world_size import BatchShape
-from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class
-from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.training_args import build_training_arguments
-from hf_tune.build.decisions import RunDecisions, decide, fitted_recipe, fall_back, router_loss_coefficient
-from hf_tune.build.memory_fit import pack_padding_ratio, refuse_unfit
 
 logger = logging.getLogger("hf_tune")
 
@@ -163,9 +163,9 @@ def build_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset,
 
 def causal_loss(recipe: Recipe, model, run: Run | None = None):
     """The causal LM loss: its chunked form through the model's LM head where the run decided it
-    (``hf_tune.build.decisions``; without a run, as ``model.chunked_loss`` says, and where it is unset, where the head
-    is frozen), proven on the model first (``hf_tune.model.chunked_head``): where the proof fails, a recipe that asked
-    for it is refused and a default falls back to ``causal_lm_loss``, recorded. A mixture of experts adds its
+    (``hf_tune.assembly.decisions``; without a run, as ``model.chunked_loss`` says, and where it is unset, where the
+    head is frozen), proven on the model first (``hf_tune.model.chunked_head``): where the proof fails, a recipe that
+    asked for it is refused and a default falls back to ``causal_lm_loss``, recorded. A mixture of experts adds its
     router's load-balancing loss (``RouterBalancedLoss``; the model returns it once ``output_router_logits`` is on)."""
     chunked = run.decisions.chunked_loss if run is not None else recipe.model.chunked_loss
     if not chunked or model is None:
