@@ -9,8 +9,8 @@ import copy
 import logging
 from pathlib import Path
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.reproduce import Comparison, compare_runs, finished_run
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.run_reader import ADAPTER_WEIGHTS, RunFolder, open_run
 
 logger = logging.getLogger(__name__)

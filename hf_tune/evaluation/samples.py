@@ -12,7 +12,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from hf_tune.catalog.trackers import reported
-from hf_tune.lifecycle.run_folder import SAMPLES
+from hf_tune.run_folder import SAMPLES
 
 logger = logging.getLogger(__name__)
 

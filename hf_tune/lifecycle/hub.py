@@ -9,9 +9,9 @@ from pathlib import Path
 
 from huggingface_hub import constants  # noqa: F401  (tests and users patch hf_tune.lifecycle.hub.constants)
 
+from hf_tune import run_folder
 from hf_tune.catalog.trackers import tracker_files
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.merge_run import merge, recipe_model, run_task  # noqa: F401  run_task: hub's, as before
 from hf_tune.lifecycle.model_card import base_model_id, render_model_card
 from hf_tune.lifecycle.run_reader import open_run

@@ -12,9 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from hf_tune import run_folder
 from hf_tune.catalog.sources import looks_like_local_path
 from hf_tune.catalog.trackers import TRACKERS
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 from hf_tune.model.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
 from hf_tune.recipe.schema import Recipe

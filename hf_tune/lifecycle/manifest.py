@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hf_tune.lifecycle import run_folder
+from hf_tune import run_folder
 from hf_tune.lifecycle.lineage import run_lineage
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets

@@ -8,9 +8,9 @@ import logging
 import os
 from pathlib import Path
 
+from hf_tune import run_folder
 from hf_tune.catalog.tasks import Task, task_of
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.model_card import run_class_labels
 from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
 from hf_tune.model.merge import (

@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from hf_tune import run_folder
 from hf_tune.catalog.trackers import TRACKERS
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage, run_lineage
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_urls, url_has_credentials

@@ -9,11 +9,11 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
+from hf_tune import run_folder
 from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
 from hf_tune.catalog.tasks import Task, task_of
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import (
     base_model_id,  # noqa: F401  (hub.py's and the tests' import)
     package_version,

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage, read_lineage
 from hf_tune.lifecycle.merge_run import merge, run_task
 from hf_tune.lifecycle.mlflow_run import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hf_tune.lifecycle import run_folder
+from hf_tune import run_folder
 from hf_tune.lifecycle.run_reader import RunFolder, open_run
 
 

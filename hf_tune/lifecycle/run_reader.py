@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
-from hf_tune.lifecycle.run_folder import last_complete_checkpoint
+from hf_tune.run_folder import last_complete_checkpoint
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hf_tune import run_folder
 from hf_tune.catalog.search_backends import DEFAULT_SEARCH_BACKEND, SEARCH_BACKENDS, SearchBackend
 from hf_tune.errors import RecipeError
-from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
 
 STUDY_JSON = "study.json"  # in a study folder: which backend ran it, its name, metrics and trials (summary.py)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.lineage import flat_lineage
 from hf_tune.lifecycle.report import series, watched_scores
 from hf_tune.lifecycle.run_reader import open_run

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from hf_tune import run_folder
 from hf_tune.assembly.run_build import build_run
 from hf_tune.catalog.formats import format_names, format_of
 from hf_tune.data import TrainingData, data_seed, tokenize
 from hf_tune.data.classification import label_names
 from hf_tune.data.loading import load_source
 from hf_tune.errors import RecipeError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.tracking import tracking_scope
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.schema import Recipe

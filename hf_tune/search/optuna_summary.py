@@ -10,8 +10,8 @@ from typing import Any
 
 import optuna
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
 from hf_tune.search.backend import StudyPaths, StudyTrial
 from hf_tune.search.sampling import params_to_values

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import optuna
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import SearchSection
 
 

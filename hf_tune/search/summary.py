@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import yaml
 
+from hf_tune import run_folder
 from hf_tune.catalog.search_backends import SEARCH_BACKENDS
-from hf_tune.lifecycle import run_folder
 from hf_tune.recipe.schema import Recipe
 from hf_tune.redaction import redact_secrets
 from hf_tune.search.backend import STUDY_JSON

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_tune import run_folder
 from hf_tune.errors import EXIT_DIVERGED, HfTuneError, RecipeError
-from hf_tune.lifecycle import run_folder
-from hf_tune.lifecycle.run_folder import checkpoints, is_complete, last_complete_checkpoint, mark_complete  # noqa: F401
+from hf_tune.run_folder import checkpoints, is_complete, last_complete_checkpoint, mark_complete  # noqa: F401
 from hf_tune.runtime.distributed import decided_on_main, ranks_without, wait_for_every_rank
 
 logger = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from hf_tune import run_folder
 from hf_tune.catalog.trackers import tracker_files
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.trainer.checkpoints import MARKER, checkpoints, is_complete, last_complete_checkpoint
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from hf_tune.lifecycle import run_folder
+from hf_tune import run_folder
 from hf_tune.recipe.schema import ProfileSection
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from hf_tune.lifecycle import run_folder
+from hf_tune import run_folder
 from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.trainer.checkpoints import NonFiniteLoss, last_complete_checkpoint
 from hf_tune.trainer.loss_guard import NonFiniteLossGuard

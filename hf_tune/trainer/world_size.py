@@ -31,8 +31,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.lifecycle import run_folder
 from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.runtime.ds_config import load_deepspeed_config
 

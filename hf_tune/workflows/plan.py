@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import get_scheduler
 
+from hf_tune import run_folder
 from hf_tune.assembly.decisions import decide
 from hf_tune.assembly.memory_fit import estimate_peak, pack_padding_ratio
 from hf_tune.assembly.run_build import build_method_data
@@ -17,7 +18,6 @@ from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.data import TrainingData, build_training_data, dataset_labels
 from hf_tune.errors import RecipeError
-from hf_tune.lifecycle import run_folder
 from hf_tune.model import build_tokenizer
 from hf_tune.model.memory import model_state_memory
 from hf_tune.model.meta import build_meta_model

@@ -11,12 +11,12 @@ from pathlib import Path
 import yaml
 from transformers import TrainerCallback
 
+from hf_tune import run_folder
 from hf_tune.assembly.decisions import ran
 from hf_tune.assembly.run_build import Run, build_run
 from hf_tune.catalog.tasks import task_of
 from hf_tune.data.preview import first_example_for_the_log
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle import run_folder
 from hf_tune.lifecycle.manifest import now, write_manifest
 from hf_tune.lifecycle.model_card import render_model_card
 from hf_tune.lifecycle.report import write_report
