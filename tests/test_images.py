@@ -125,6 +125,27 @@ def test_a_bad_image_is_refused_before_training_naming_file_and_row(fault, tmp_p
     assert "line 3 (example 3 of 3)" in message and "column 'image'" in message
 
 
+def test_an_eval_class_with_no_training_image_is_refused_as_for_text(tmp_path):
+    from transformers import AutoImageProcessor
+
+    from hf_tune.data import build_training_data
+
+    root, rng = tmp_path / "shapes", random.Random(0)
+    for split, names in (("train", ("red", "green")), ("test", ("red", "green", "blue"))):  # blue: eval only
+        for name in names:
+            (root / split / name).mkdir(parents=True)
+            for i in range(2):
+                draw(rng, COLOURS[name]).save(root / split / name / f"{i}.png")
+    model = save_tiny(tmp_path / "vit", "vit")
+    recipe = load_recipe(REPO / "recipes/image_classifier.yaml", overrides(model, root, tmp_path / "run"))
+    with pytest.raises(RecipeError) as caught:
+        build_training_data(recipe, AutoImageProcessor.from_pretrained(model))
+    message = str(caught.value)
+    # imagefolder names all three folders in both splits; only red and green have a training image
+    assert "data.eval" in message and "['blue'] do not occur in data.train" in message
+    assert "classes: ['green', 'red']" in message or "classes: ['red', 'green']" in message
+
+
 def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
     from hf_tune.commands.plan_text import format_plan
     from hf_tune.workflows.plan import plan

@@ -9,7 +9,7 @@ from datasets import Dataset
 from transformers import DataCollatorWithPadding
 
 from hf_tune.catalog.tasks import task_of
-from hf_tune.data.classification import label_names
+from hf_tune.data.classification import label_names, occurring_label_names
 from hf_tune.data.collator import CausalLMCollator
 from hf_tune.data.formats import format_of
 from hf_tune.data.loading import load_raw_datasets, load_source
@@ -36,7 +36,19 @@ def dataset_labels(recipe: Recipe) -> list[str] | None:
     """Class names of a classification recipe, read from its training data; None for other formats."""
     if not format_of(recipe.data.format).class_labels:
         return None
-    return label_names(load_source(recipe.data.train, "data.train", recipe.data.format))
+    return class_names(recipe, load_source(recipe.data.train, "data.train", recipe.data.format))
+
+
+def class_names(recipe: Recipe, raw_train: Dataset) -> list[str] | None:
+    """The class names the model learns, from the raw training data (None where the format has no class labels).
+    An image folder names its classes after the folders of every split (datasets' imagefolder): only the classes with
+    a training image count, so an eval split holding another is refused as text data's is. Text labels keep the ids
+    the data gives them."""
+    fmt = format_of(recipe.data.format)
+    if not fmt.class_labels:
+        return None
+    images = any(column.kind == "image" for column in fmt.columns)
+    return occurring_label_names(raw_train) if images else label_names(raw_train)
 
 
 def tokenize(recipe: Recipe, tokenizer, raw: Dataset, key: str, labels: list[str] | None = None) -> Dataset:
@@ -82,7 +94,7 @@ def _build_training_data(recipe: Recipe, tokenizer, rank: int = 0, world_size: i
             train = pack_by_token_budget(train, recipe.data.batch_tokens, data_seed(recipe))
         return TrainingData(train, mixture.eval, None, mixture.sources)
     source = load_source(recipe.data.train, "data.train", recipe.data.format)
-    labels = label_names(source) if format_of(recipe.data.format).class_labels else None
+    labels = class_names(recipe, source)
     raw_train, raw_eval = load_raw_datasets(recipe.data, data_seed(recipe), train=source)
     train = tokenize(recipe, tokenizer, raw_train, "data.train", labels)
     evaluation = tokenize(recipe, tokenizer, raw_eval, "data.eval", labels) if raw_eval is not None else None

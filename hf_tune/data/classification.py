@@ -22,6 +22,16 @@ def label_names(raw_train: Dataset) -> list[str]:
     return sorted(str(v) for v in values)
 
 
+def occurring_label_names(raw_train: Dataset) -> list[str]:
+    """``label_names`` of the classes that occur in ``raw_train`` only (a ClassLabel's names without an example
+    dropped, in id order)."""
+    feature = raw_train.features.get("label")
+    if not isinstance(feature, ClassLabel):
+        return label_names(raw_train)
+    present = set(raw_train.unique("label"))
+    return [name for index, name in enumerate(feature.names) if index in present]
+
+
 def tokenize_classification(raw: Dataset, tokenizer, data: DataSection, labels: list[str], key: str) -> Dataset:
     check_columns(data.format, raw.column_names, key)
     label2id = {name: i for i, name in enumerate(labels)}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import PIL.Image
-from datasets import ClassLabel, Dataset, Image, List, Value
+from datasets import ClassLabel, Dataset, Features, Image, List, Value
 
 from hf_tune.data.formats import check_columns, format_of
 from hf_tune.errors import RecipeError, describe_exception, stage_errors
@@ -111,7 +111,7 @@ def image_examples(raw: Dataset, processor, data: DataSection, labels: list[str]
     feature = raw.features["label"]
     if isinstance(feature, ClassLabel) and feature.names != labels:  # another split's folders: ids by name
         raw = raw.map(lambda ids: {"label": [feature.int2str(i) for i in ids]}, batched=True, input_columns=["label"],
-                      features=raw.features.copy() | {"label": Value("string")})
+                      features=Features({**raw.features, "label": Value("string")}))
         feature = raw.features["label"]
     if not isinstance(feature, ClassLabel):
         unknown = sorted({str(v) for v in raw.unique("label")} - set(labels))
