@@ -226,7 +226,9 @@ def test_a_tiny_moe_learns_reloads_and_merges_by_shard(family, moe_dirs, tmp_pat
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
+    from hf_tune.commands.serve import vllm_command
     from hf_tune.lifecycle.merge_run import merge
+    from hf_tune.lifecycle.run_reader import open_run
 
     raw = chat_recipe(moe_dirs[family], tmp_path / "run", max_steps=12, learning_rate=5e-2,
                       per_device_train_batch_size=4, data_seed=1)
@@ -248,6 +250,10 @@ def test_a_tiny_moe_learns_reloads_and_merges_by_shard(family, moe_dirs, tmp_pat
     merged = logits(AutoModelForCausalLM.from_pretrained(tmp_path / "merged"), ids)
     assert torch.allclose(merged, trained, atol=1e-5)
     assert (merged - logits(AutoModelForCausalLM.from_pretrained(moe_dirs[family]), ids)).abs().max() > 1e-2
+    # vLLM's LoRA loads no fused-expert delta: `serve` hands it the merge (RUN_DIR/merged), never the adapter
+    command = vllm_command(open_run(tmp_path / "run"), "127.0.0.1", 8011)
+    assert "--enable-lora" not in command and command[2] == str(tmp_path / "run" / "merged")
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(command[2]), ids), trained, atol=1e-5)
 
 
 def test_a_moe_lora_run_resumed_from_its_checkpoint_ends_bit_identical(moe_dirs, tmp_path):

@@ -1,7 +1,8 @@
 """``hf-tune serve``: an OpenAI-compatible server of a run, with the run's own chat template.
 
 On a CUDA machine with vLLM installed it runs ``vllm serve``: the base with the run's adapter (``--enable-lora``), or
-a full fine-tune's folder, named after the run folder. Elsewhere it runs transformers' own server (``transformers
+a full fine-tune's folder, or the merge of an adapter of fused parameters (a mixture of experts' experts, which vLLM's
+LoRA does not load), named after the run folder. Elsewhere it runs transformers' own server (``transformers
 serve``) on the merged model, named by its folder's path: a LoRA run is merged by shard once into ``RUN_DIR/merged``
 (reused while newer than the adapter). Either way the tokenizer that renders each request is the one saved with the
 run, so what was trained is what is served.
@@ -45,7 +46,13 @@ def vllm_command(run: RunFolder, host: str, port: int) -> list[str]:
     template = run.path / "chat_template.jinja"
     command = ["vllm", "serve"]
     adapter = run.adapter_config()
-    if adapter is not None:
+    if adapter is not None and adapter.get("target_parameters"):
+        # PEFT's adapters of fused parameters (a mixture of experts' expert tensors, hf_tune's default there): vLLM
+        # loads their deltas nowhere or refuses them (vllm-project/vllm#41754, #40005), so it serves the merge
+        logger.info("The adapter adapts %s, which vLLM's LoRA cannot load: serving the merge instead",
+                    ", ".join(adapter["target_parameters"]))
+        command += [str(served_folder(run)), "--served-model-name", name]
+    elif adapter is not None:
         base, revision = run.adapter_base()
         command += [base, *(["--revision", revision] if revision else []), "--enable-lora", "--lora-modules",
                     f"{name}={run.path}",
