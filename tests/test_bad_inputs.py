@@ -103,6 +103,8 @@ EXPECTED_KEY = {  # case (tests/bad_inputs/<case>.yaml) -> the recipe key its er
     "model_unknown_architecture": "model.pretrained_model_name_or_path",
     "resilience_rollback_without_checkpoints": "resilience.rollback_on_nonfinite",
     "data_batch_tokens_typo": "data.batch_token",
+    "dpo_flat_pairs_on_sharded_weights": "training.padding_free",
+    "dpo_flat_pairs_as_data_key": "data.padding_free",
     # issue 29: the methods wave (DPO, KTO, reward and GRPO data, rewards, quantization, search, mixtures, columns)
     "dpo_prompt_null": "data.train",
     "dpo_chosen_empty": "data.train",

@@ -16,7 +16,7 @@ from hf_tune.metrics import metric_path
 from hf_tune.recipe.chunked_loss_checks import check_chunked_loss
 from hf_tune.recipe.data_checks import check_sources
 from hf_tune.recipe.evaluation_tasks import check_evaluation_tasks, is_task_metric, mistyped_task, shipped_tasks
-from hf_tune.recipe.quantization import check_quantization
+from hf_tune.recipe.quantization import check_quantization, weight_sharding
 from hf_tune.recipe.schedule_checks import check_training_steps
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.search_space import check_search_settings
@@ -79,6 +79,11 @@ def check_method(recipe: Recipe, raw: dict) -> None:
         for key, fix in _SFT_DATA_KEYS.items():
             if (raw.get("data") or {}).get(key) not in (None, False):
                 raise RecipeError(f"data.{key}", f"applies to method 'sft'; {given} runs TRL's trainer", fix=fix)
+    sharded = weight_sharding(recipe) if method.flat_pairs and recipe.training.get("padding_free") else None
+    if sharded:  # the flattened pairs are proven by a forward on the model before training: whole weights only
+        raise RecipeError("training.padding_free", f"{given}'s pairs as one flattened row are proven on the model "
+                          f"before training, and {sharded[1]} ({sharded[0]}) shards its weights over the ranks",
+                          fix="remove training.padding_free (the pairs then run padded, as TRL runs them)")
     if method.rewarded and not recipe.rewards:
         raise RecipeError("rewards", f"{given} needs at least one reward function",
                           fix="e.g. rewards: [{name: exact_answer, column: answer}]")
