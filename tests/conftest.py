@@ -12,6 +12,8 @@ import launch
 import pytest
 import yaml
 
+from hf_tune.runtime.process import settle_process
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
 SMOLLM2 = "embedded:SmolLM2-135M-Instruct"
@@ -22,6 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # every DeepSpeed op the session builds (in this process or a launch) goes to the suite's own folder, never the
 # user's default one, where a killed build's lock would hang DeepSpeed runs outside the suite
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", launch.TORCH_EXTENSIONS["TORCH_EXTENSIONS_DIR"])
+# the suite runs as hf_tune's entry points do (importing hf_tune no longer does it): MKL_CBWR and the rest before
+# torch's first matmul, so an in-process run and a launched one sum alike (tests compare them bit for bit)
+settle_process()
 
 
 @pytest.fixture(scope="session")

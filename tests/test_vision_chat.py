@@ -9,10 +9,11 @@ import json
 import pytest
 from conftest import REPO
 from PIL import Image
-from vision_inputs import SQUARE_COLOURS as COLOURS  # noqa: F401  (tiny_vlm:
+from vision_inputs import SQUARE_COLOURS as COLOURS
 from vision_inputs import (
     mllm_demo_rows,
     recipe_overrides,
+    tiny_vlm,  # noqa: F401  (a fixture, requested by name)
     trl_rows,
     write_images,
 )

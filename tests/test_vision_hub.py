@@ -13,13 +13,14 @@ from conftest import REPO
 from fake_hub import FakeHub
 from inputs import TOKEN, front_matter
 from PIL import Image
-from vision_inputs import SHAPE_COLOURS as COLOURS  # noqa: F401  (tiny_vlm:
+from vision_inputs import SHAPE_COLOURS as COLOURS
 from vision_inputs import (
     draw,
     mllm_demo_rows,
     overrides,
-    recipe_overrides,  # a fixture)
+    recipe_overrides,
     save_tiny,
+    tiny_vlm,  # noqa: F401  (a fixture, requested by name)
     write_images,
 )
 

@@ -149,6 +149,8 @@ def check_search_settings(recipe) -> None:
             if getattr(search, key):
                 raise RecipeError(f"search.{key}", f"applies to search.backend: {other.name}",
                                   fix=f"set search.backend: {other.name}, or remove it")
+    if "scheduler" not in backend.own_keys:  # the checks below are of a trial scheduler's backend (Ray Tune)
+        return
     if backend.package is not None and importlib.util.find_spec(backend.package) is None:
         raise RecipeError("search.backend", f"{backend.name} needs {backend.title}, which is not installed",
                           fix=f"pip install 'hf_tune[{backend.extra}]'")

@@ -25,8 +25,10 @@ def search(recipe: Recipe) -> dict:
     """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. The
     backend is ``search.backend`` (``hf_tune.catalog.search_backends``): Optuna by default (with ``search.cv: k``
     each trial is the mean over k folds), or Ray Tune (ASHA, PBT)."""
+    from hf_tune.runtime.process import settle_process
     from hf_tune.search.backend import run_search  # here: this package stays light (Optuna loads with a search)
 
+    settle_process()  # as train() does: asked to run, hf_tune makes its process-wide settings
     return run_search(recipe)
 
 
