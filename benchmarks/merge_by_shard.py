@@ -27,7 +27,7 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 import torch, transformers, peft, safetensors  # imported before the floor is read: every path pays for them
-import hf_tune.lifecycle.hub as hub
+import hf_tune.workflows.hub as hub
 import hf_tune.model.merge
 
 def status(field):  # VmRSS: now; VmHWM: the peak of this process's own memory since its exec

@@ -32,7 +32,7 @@ _EXPORTS = {
     "build_trainer": "hf_tune.assembly.run_build",
     "HfTuneTrainer": "hf_tune.trainer.hooks",
     "train": "hf_tune.workflows.train",
-    "load_model": "hf_tune.lifecycle.run_reader",
+    "load_model": "hf_tune.records.run_reader",
 }
 __all__ = sorted([*_EXPORTS, "search"])
 

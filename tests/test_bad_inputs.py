@@ -446,7 +446,7 @@ def test_an_explicit_wandb_online_that_cannot_log_stops_the_run_before_any_folde
 def test_an_unset_wandb_mode_still_falls_back_to_offline(tmp_path, monkeypatch):
     import os
 
-    from hf_tune.lifecycle.wandb_run import _choose_wandb_mode
+    from hf_tune.records.wandb_run import _choose_wandb_mode
 
     for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE"):
         monkeypatch.setenv(name, "")  # recorded, so the WANDB_MODE the code sets is undone after the test

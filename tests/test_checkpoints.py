@@ -163,7 +163,7 @@ def test_training_report_plots(tmp_path, tiny_llama_dir):
 
 
 def test_report_of_a_run_in_progress_draws_from_its_newest_complete_checkpoint(tmp_path, tiny_llama_dir):
-    from hf_tune.lifecycle.report import write_report
+    from hf_tune.records.report import write_report
 
     raw = chat_recipe(tiny_llama_dir, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
     train(load_recipe(raw))

@@ -13,8 +13,8 @@ from conftest import chat_recipe
 
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.tracking import TRACKER_ENV
 from hf_tune.recipe.evaluation_tasks import SHIPPED_TASKS_DIR
+from hf_tune.records.tracking import TRACKER_ENV
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
@@ -255,7 +255,7 @@ def test_eval_watch_scores_each_checkpoint_of_a_run_in_progress_and_report_plots
         theirs = lm_eval_in_process(run_dir / line["checkpoint"])
         assert line["scores"][METRIC] == pytest.approx(theirs["acc,none"], abs=1e-9)
 
-    from hf_tune.lifecycle.report import watched_scores, write_report
+    from hf_tune.records.report import watched_scores, write_report
 
     assert [e[f"{METRIC} (checkpoint)"] for e in watched_scores(run_dir)] == [line["scores"][METRIC] for line in lines]
     assert run_dir / "eval_metrics.png" in write_report(run_dir)  # the run logs no eval metric of its own

@@ -13,8 +13,8 @@ from chat_templates import family_tokenizer
 from safetensors.torch import load_file
 
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.export import export
 from hf_tune.model.ollama_template import turn_parts
+from hf_tune.workflows.export import export
 
 DEMO_CHATS = Path(__file__).parent.parent / "examples" / "data" / "chat_demo.jsonl"
 IDS = torch.tensor([[1, 20, 300, 4000, 17, 9]])
@@ -69,7 +69,7 @@ def rounded(tensor: torch.Tensor, quant: str) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def merged_weights(adapter_run, tmp_path_factory) -> dict[str, torch.Tensor]:
     """hf-tune merge's float32 tensors (tests/test_merge.py checks them against W + scale * B @ A)."""
-    from hf_tune.lifecycle.merge_run import merge
+    from hf_tune.workflows.merge_run import merge
 
     folder = Path(merge(adapter_run, out=tmp_path_factory.mktemp("merged") / "merged")["merged_dir"])
     weights = {}

@@ -21,9 +21,9 @@ from inputs import TOKEN, front_matter
 
 from hf_tune import load_recipe, train
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.hub import push
-from hf_tune.lifecycle.model_card import base_model_id
 from hf_tune.model.embedded import EMBEDDED_MODELS, locate_embedded
+from hf_tune.records.model_card import base_model_id
+from hf_tune.workflows.hub import push
 
 HOST = "hf-tune-test-host-5e1f09"  # the host name the module's run records: distinctive, so a search for it is fair
 SMOL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -14,7 +14,7 @@ import yaml
 from huggingface_hub import constants
 from safetensors.torch import load_file
 
-from hf_tune.lifecycle.merge_run import MERGE_CHECK_TOLERANCE, merge
+from hf_tune.workflows.merge_run import MERGE_CHECK_TOLERANCE, merge
 
 R, ALPHA = 4, 8
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -149,7 +149,7 @@ def test_fan_in_fan_out_layers_take_the_transposed_product(smol_tokenizer, tmp_p
 
 def test_dora_falls_back_to_peft_naming_the_key(untied_base, smol_tokenizer, tmp_path, caplog):
     run = lora_run(untied_base, tmp_path / "run", smol_tokenizer, ["q_proj"], use_dora=True)
-    with caplog.at_level(logging.WARNING, logger="hf_tune.lifecycle.hub"):
+    with caplog.at_level(logging.WARNING, logger="hf_tune.workflows.hub"):
         result = merge(run, tmp_path / "merged", check=True)
     assert "streamed" not in result and "use_dora = True" in caplog.text
     assert result["relative_diff"] <= MERGE_CHECK_TOLERANCE["float32"]

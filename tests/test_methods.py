@@ -432,8 +432,8 @@ def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
 
 def test_a_dpo_run_folder_chats_merges_and_its_card_names_the_method(tmp_path, tiny_llama_dir, monkeypatch):
     from hf_tune.commands.chat import load_trained, reply
-    from hf_tune.lifecycle.merge_run import merge
-    from hf_tune.lifecycle.model_card import render_model_card
+    from hf_tune.records.model_card import render_model_card
+    from hf_tune.workflows.merge_run import merge
 
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))
     raw = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run",
@@ -451,7 +451,7 @@ def test_a_dpo_run_folder_chats_merges_and_its_card_names_the_method(tmp_path, t
 def test_a_reward_model_run_merges_to_a_one_score_classifier(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForSequenceClassification
 
-    from hf_tune.lifecycle.merge_run import merge
+    from hf_tune.workflows.merge_run import merge
 
     raw = method_recipe("reward", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "run")
     train(load_recipe(raw))

@@ -19,9 +19,9 @@ from conftest import chat_recipe
 
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main as hf_tune_cli
-from hf_tune.lifecycle.lineage import flat_lineage, read_lineage
-from hf_tune.lifecycle.model_card import render_model_card
-from hf_tune.lifecycle.tracking import TRACKER_ENV
+from hf_tune.records.lineage import flat_lineage, read_lineage
+from hf_tune.records.model_card import render_model_card
+from hf_tune.records.tracking import TRACKER_ENV
 from hf_tune.trainer.checkpoints import is_complete
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
@@ -222,7 +222,7 @@ def test_register_promote_and_load_by_alias_gives_the_runs_logits(tmp_path, tiny
 def test_every_flattened_key_is_one_mlflow_takes(mlflow_server):
     from mlflow.entities import Param
 
-    from hf_tune.lifecycle.lineage import flat_lineage
+    from hf_tune.records.lineage import flat_lineage
 
     lineage = {"recipe": {"lora": {"rank_pattern": {"^model.*q_proj$": 8}, "target_modules": ["q_proj", "v_proj"]}},
                "datasets": {"train[0]": {"fingerprint": "abc"}, "eval": {"fingerprint": "def"}}}

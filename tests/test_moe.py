@@ -227,8 +227,8 @@ def test_a_tiny_moe_learns_reloads_and_merges_by_shard(family, moe_dirs, tmp_pat
     from transformers import AutoModelForCausalLM
 
     from hf_tune.commands.serve import vllm_command
-    from hf_tune.lifecycle.merge_run import merge
-    from hf_tune.lifecycle.run_reader import open_run
+    from hf_tune.records.run_reader import open_run
+    from hf_tune.workflows.merge_run import merge
 
     raw = chat_recipe(moe_dirs[family], tmp_path / "run", max_steps=12, learning_rate=5e-2,
                       per_device_train_batch_size=4, data_seed=1)

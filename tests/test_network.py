@@ -14,8 +14,9 @@ from conftest import free_port
 from fake_hub import FakeHub
 from huggingface_hub import constants
 
-from hf_tune.lifecycle import hub, wandb_run
-from hf_tune.lifecycle.wandb_run import wandb_base_url, wandb_can_sync
+from hf_tune.records import wandb_run
+from hf_tune.records.wandb_run import wandb_base_url, wandb_can_sync
+from hf_tune.workflows import hub
 
 
 class LocalServer:

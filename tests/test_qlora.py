@@ -219,7 +219,7 @@ def test_merge_dequantizes_the_base_and_adds_the_adapter(qlora_run, tmp_path):
     import bitsandbytes as bnb
     from safetensors.torch import load_file
 
-    from hf_tune.lifecycle.merge_run import MERGE_CHECK_TOLERANCE, merge
+    from hf_tune.workflows.merge_run import MERGE_CHECK_TOLERANCE, merge
 
     out, trainer, _ = qlora_run
     result = merge(out, tmp_path / "merged", dtype="float32", check=True)
@@ -242,7 +242,7 @@ def test_merge_dequantizes_the_base_and_adds_the_adapter(qlora_run, tmp_path):
 def test_merge_into_quantized_weights_is_refused_naming_both(qlora_run, tmp_path):
     out, _, _ = qlora_run
     with pytest.raises(HfTuneError, match=r"--dtype nf4 with the run's model.quantization_config"):
-        from hf_tune.lifecycle.merge_run import merge
+        from hf_tune.workflows.merge_run import merge
 
         merge(out, tmp_path / "merged", dtype="nf4")
 
@@ -250,7 +250,7 @@ def test_merge_into_quantized_weights_is_refused_naming_both(qlora_run, tmp_path
 def test_an_8bit_qlora_run_trains_and_merges(tmp_path, tiny_llama_dir):
     import bitsandbytes as bnb
 
-    from hf_tune.lifecycle.merge_run import MERGE_CHECK_TOLERANCE, merge
+    from hf_tune.workflows.merge_run import MERGE_CHECK_TOLERANCE, merge
 
     trainer = train(load_recipe(qlora_recipe(tiny_llama_dir, tmp_path / "run", {"load_in_8bit": True},
                                              learning_rate=5e-3)))

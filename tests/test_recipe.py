@@ -202,7 +202,7 @@ def test_debug_after_the_verb_shows_the_traceback_too(tmp_path, capsys):
 
 
 def test_offline_hub_id_is_refused_at_load_with_how_to_use_a_local_copy(monkeypatch):
-    from hf_tune.lifecycle import hub
+    from hf_tune.workflows import hub
 
     monkeypatch.setattr(hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # the network boundary: nothing listens
     hub.hub_is_reachable.cache_clear()

@@ -1,4 +1,4 @@
-"""A run folder that is broken or half-written (hf_tune/lifecycle/run_reader.py): every verb that reads one (report,
+"""A run folder that is broken or half-written (hf_tune/records/run_reader.py): every verb that reads one (report,
 compare, chat, merge, push, register, eval) ends in one error naming the file and how to recover, exit status 2, no
 traceback, nothing written, before any model loads. One LoRA run of the tiny Llama, trained once in-process, is
 copied and broken per case."""
@@ -133,7 +133,7 @@ def test_a_crash_that_cut_the_manifest_short_is_mended_by_the_rerun_its_error_na
 
 
 def test_the_intact_run_reads_as_the_verbs_need_it(trained_run):
-    from hf_tune.lifecycle.run_reader import open_run
+    from hf_tune.records.run_reader import open_run
 
     run = open_run(trained_run, needs=("manifest", "recipe", "trainer_state", "adapter", "weights", "tokenizer"))
     assert run.weights() == "adapter"
@@ -166,7 +166,7 @@ def test_a_merge_that_fails_midway_leaves_the_folder_as_it_was(trained_run, tmp_
     import errno
     import hashlib
 
-    import hf_tune.lifecycle.merge_run as hub
+    import hf_tune.workflows.merge_run as hub
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)

@@ -15,7 +15,7 @@ from hf_tune.commands.chat import load_trained, reply
 from hf_tune.commands.generate import generate_file, read_prompts
 from hf_tune.commands.serve import serve, vllm_command
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.run_reader import open_run
+from hf_tune.records.run_reader import open_run
 
 PROMPTS = [
     {"prompt": "What is the capital of Norway?"},

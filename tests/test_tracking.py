@@ -7,7 +7,7 @@ import os
 from conftest import chat_recipe
 
 from hf_tune import load_recipe, train
-from hf_tune.lifecycle.tracking import TRACKER_ENV
+from hf_tune.records.tracking import TRACKER_ENV
 
 
 def test_two_runs_in_one_process_get_two_wandb_runs_each_in_its_own_folder(tmp_path, tiny_llama_dir, monkeypatch):

@@ -75,7 +75,7 @@ def test_nothing_a_run_writes_prints_or_logs_holds_a_planted_secret(tmp_path, ti
     from mlflow import MlflowClient
 
     from hf_tune import train
-    from hf_tune.lifecycle.hub import push
+    from hf_tune.workflows.hub import push
 
     secrets = {"uri": "Pl4ntedUriPassw0rd", "HF_TOKEN": "hf_" + "Pl4nted" * 5, "AWS_SECRET_ACCESS_KEY": "Pl4ntedAws",
                "WANDB_API_KEY": "Pl4ntedWandb", "MLFLOW_TRACKING_PASSWORD": "Pl4ntedMlflow", "argv": "Pl4ntedArgv",

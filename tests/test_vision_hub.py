@@ -25,8 +25,8 @@ from vision_inputs import (
 )
 
 from hf_tune import load_recipe, train
-from hf_tune.lifecycle.hub import push
-from hf_tune.lifecycle.merge_run import merge
+from hf_tune.workflows.hub import push
+from hf_tune.workflows.merge_run import merge
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ def reproduce_step(run_dir: Path) -> tuple[str, bool]:
 
 
 def push_step(run_dir: Path, repo_id: str, merged: bool) -> str:
-    from hf_tune.lifecycle.hub import push
+    from hf_tune.workflows.hub import push
 
     return push(run_dir, repo_id, merged=merged)
 

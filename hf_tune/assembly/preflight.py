@@ -17,12 +17,12 @@ from huggingface_hub import constants
 
 from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.lifecycle.tracking import check_trackers
 from hf_tune.model.embedded import is_embedded, locate_embedded
 from hf_tune.model.meta import config_model_class, load_model_config, shipped_config_path
 from hf_tune.optim.schedule import resolve_schedule
 from hf_tune.recipe import Recipe, apply_values, validate_recipe
 from hf_tune.recipe.upstream import did_you_mean
+from hf_tune.records.tracking import check_trackers
 from hf_tune.runtime.hub_access import RepoProblem, dataset_is_cached, hub_repo_problem, model_is_cached
 from hf_tune.runtime.network import hub_is_reachable
 from hf_tune.training_args import build_training_arguments

@@ -30,7 +30,6 @@ from hf_tune.data.preference import load_method_data
 from hf_tune.errors import RecipeError, stage_errors
 from hf_tune.evaluation.downstream import build_downstream_scores, build_sample_callbacks
 from hf_tune.evaluation.trainer_metrics import build_callbacks, build_compute_metrics
-from hf_tune.lifecycle.tracking import RecipeToTrackers
 from hf_tune.model import build_model, build_tokenizer
 from hf_tune.model.attention import loaded_attn_implementation, runs_examples_apart
 from hf_tune.model.chunked_head import chunked_loss_head, default_chunked_loss_head, log_chunked_loss_off
@@ -39,6 +38,7 @@ from hf_tune.model.loss import ChunkedCausalLMLoss, RouterBalancedLoss
 from hf_tune.optim.resume import RecipeHyperparameters
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import blame_key
+from hf_tune.records.tracking import RecipeToTrackers
 from hf_tune.runtime.distributed import check_distributed, decided_on_main, fit_cpu_threads
 from hf_tune.trainer.checkpoints import CheckpointMarker
 from hf_tune.trainer.hooks import HfTuneTrainer, method_trainer_class

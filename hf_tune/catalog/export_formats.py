@@ -1,5 +1,5 @@
 """The export format table (``hf-tune export --format``) and the GGUF weight types (``--quant``): the command line's
-choices and ``hf_tune.lifecycle.export`` read them. A new format is one entry here plus the code that writes it."""
+choices and ``hf_tune.workflows.export`` read them. A new format is one entry here plus the code that writes it."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ run of it. Trainer's own integration of the same name logs the metrics; an entry
 per run folder across resumes, the recipe as the run's config, the evaluation's samples, a refusal before the run of a
 setting that cannot work.
 
-A new tracker is one entry here plus the module of the functions it names (``hf_tune.lifecycle.<name>_run``); the
+A new tracker is one entry here plus the module of the functions it names (``hf_tune.records.<name>_run``); the
 rest of hf_tune loops over the table. Pure: the functions are ``module:function`` paths, imported when first called.
 """
 
@@ -47,24 +47,24 @@ TRACKERS = {
         "wandb", "wandb", "wandb", logs="wandb", run_id_file="wandb_run_id",
         environment=("WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_TAGS", "WANDB_NAME", "WANDB_DIR", "WANDB_RUN_ID",
                      "WANDB_RESUME", "WANDB_MODE"),
-        check="hf_tune.lifecycle.wandb_run:check_explicit_wandb_online",
-        configure="hf_tune.lifecycle.wandb_run:configure_wandb",
-        active_run="hf_tune.lifecycle.wandb_run:active_wandb_run",
-        close_run="hf_tune.lifecycle.wandb_run:close_wandb_run",
-        recipe_config="hf_tune.lifecycle.wandb_run:wandb_recipe_config",
-        samples="hf_tune.lifecycle.wandb_run:wandb_samples",
+        check="hf_tune.records.wandb_run:check_explicit_wandb_online",
+        configure="hf_tune.records.wandb_run:configure_wandb",
+        active_run="hf_tune.records.wandb_run:active_wandb_run",
+        close_run="hf_tune.records.wandb_run:close_wandb_run",
+        recipe_config="hf_tune.records.wandb_run:wandb_recipe_config",
+        samples="hf_tune.records.wandb_run:wandb_samples",
         callback="transformers.integrations:WandbCallback"),
     "mlflow": Tracker(
         "mlflow", "mlflow", "mlflow", logs="mlruns", run_id_file="mlflow_run_id",
         environment=("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"),
-        configure="hf_tune.lifecycle.mlflow_run:configure_mlflow",
-        active_run="hf_tune.lifecycle.mlflow_run:active_mlflow_run",
-        open_run="hf_tune.lifecycle.mlflow_run:start_mlflow_run",
-        close_run="hf_tune.lifecycle.mlflow_run:close_mlflow_run",
-        samples="hf_tune.lifecycle.mlflow_run:mlflow_samples",
+        configure="hf_tune.records.mlflow_run:configure_mlflow",
+        active_run="hf_tune.records.mlflow_run:active_mlflow_run",
+        open_run="hf_tune.records.mlflow_run:start_mlflow_run",
+        close_run="hf_tune.records.mlflow_run:close_mlflow_run",
+        samples="hf_tune.records.mlflow_run:mlflow_samples",
         callback="transformers.integrations:MLflowCallback"),
     "tensorboard": Tracker("tensorboard", "tensorboard", "tensorboard", logs="runs",
-                           samples="hf_tune.lifecycle.tensorboard_run:tensorboard_samples"),
+                           samples="hf_tune.records.tensorboard_run:tensorboard_samples"),
     # Trackio (local-first) takes the run's name and project from Trainer's own arguments: nothing more to add
     "trackio": Tracker("trackio", "trackio", "trackio"),
 }

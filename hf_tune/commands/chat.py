@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
+from hf_tune.records.run_reader import load_adapter_run, open_run
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # auto: the dtype the checkpoint was saved in
 

@@ -87,7 +87,7 @@ def _search(args) -> None:
 
 
 def _report(args) -> None:
-    from hf_tune.lifecycle.report import write_report
+    from hf_tune.records.report import write_report
 
     for path in write_report(args.run_dir):
         print(path)

@@ -64,7 +64,7 @@ def mark_defaults(text: str, defaults: dict[str, dict[str, Any]]) -> str:
 def validate_command(args) -> None:
     """``hf-tune validate``: the resolved recipe, what hf_tune decides where it is silent marked as its default."""
     from hf_tune.assembly.loading import load_recipe
-    from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
+    from hf_tune.records.resolved_recipe import resolved_recipe_dict
 
     recipe = load_recipe(args.recipe, args.overrides)
     resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError, RecipeError
-from hf_tune.lifecycle.run_reader import open_run
 from hf_tune.recipe.schema import EvaluationSection
+from hf_tune.records.run_reader import open_run
 from hf_tune.trainer.checkpoints import checkpoints, is_complete
 
 logger = logging.getLogger(__name__)

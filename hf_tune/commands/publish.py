@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def merge(args) -> None:
-    from hf_tune.lifecycle.merge_run import merge
+    from hf_tune.workflows.merge_run import merge
 
     result = merge(args.run_dir, out=args.out, dtype=args.dtype, check=args.check)
     print(f"merged model: {result['merged_dir']} ({result['dtype']})")
@@ -15,7 +15,7 @@ def merge(args) -> None:
 
 
 def export(args) -> None:
-    from hf_tune.lifecycle.export import export
+    from hf_tune.workflows.export import export
 
     result = export(args.run_dir, format=args.format, quant=args.quant, out=args.out)
     print(f"{result['gguf']}: {result['architecture']}, {result['quant']}, {result['tensors']} tensors, "
@@ -25,7 +25,7 @@ def export(args) -> None:
 
 
 def push(args) -> None:
-    from hf_tune.lifecycle.hub import push
+    from hf_tune.workflows.hub import push
 
     url = push(args.run_dir, args.repo_id, merged=args.merged, private=args.private, revision=args.revision,
                base_model=args.base_model, include_manifest=args.include_manifest, include_logs=args.include_logs)
@@ -33,7 +33,7 @@ def push(args) -> None:
 
 
 def register(args) -> None:
-    from hf_tune.lifecycle.registry import register
+    from hf_tune.workflows.registry import register
 
     result = register(args.run_dir, args.name, alias=args.alias, tracking_uri=args.tracking_uri)
     print(f"registered {result['model_uri']} (MLflow run {result['run_id']} at {result['tracking_uri']})"
@@ -41,7 +41,7 @@ def register(args) -> None:
 
 
 def promote(args) -> None:
-    from hf_tune.lifecycle.registry import promote
+    from hf_tune.workflows.registry import promote
 
     result = promote(args.name, args.version, args.alias, tracking_uri=args.tracking_uri)
     print(f"{result['name']}@{result['alias']} -> version {result['version']}"

@@ -1,6 +1,6 @@
 """``hf-tune reproduce RUN_DIR``: the run trained again from its folder alone (its resolved ``recipe.yaml``, with
 the seed in it, on the CPU threads ``run.json`` recorded), then compared with the original
-(``lifecycle/reproduce.py``): the same weights and metrics, or what differs and what differed between the two runs
+(``workflows/reproduce.py``): the same weights and metrics, or what differs and what differed between the two runs
 (a package version, a data file, the machine)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.reproduce import Comparison, compare_runs, finished_run
+from hf_tune.workflows.reproduce import Comparison, compare_runs, finished_run
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.run_reader import ADAPTER_WEIGHTS, RunFolder, open_run
+from hf_tune.records.run_reader import ADAPTER_WEIGHTS, RunFolder, open_run
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def served_folder(run: RunFolder) -> Path:
     if config.is_file() and config.stat().st_mtime >= adapter.stat().st_mtime:
         logger.info("Serving the merge already in %s", merged)
         return merged
-    from hf_tune.lifecycle.merge_run import merge
+    from hf_tune.workflows.merge_run import merge
 
     logger.info("Merging the adapter once into %s (hf-tune merge; reused by later serves)", merged)
     return Path(merge(run.path, out=merged)["merged_dir"])

@@ -179,7 +179,7 @@ def wrap_lora(model, recipe: Recipe, new_token_ids: list[int] | None = None, che
 def name_adapter_base(model, recipe: Recipe) -> None:
     """The base that every saved ``adapter_config.json`` names, so a run folder loads on another machine: an
     embedded model by its ``embedded:NAME`` (PEFT would write this machine's cache path; hf_tune resolves the name,
-    ``lifecycle.run_reader.load_adapter_run``), a Hub model by its id and the recipe's revision. A local folder keeps
+    ``records.run_reader.load_adapter_run``), a Hub model by its id and the recipe's revision. A local folder keeps
     its path: nothing else names it."""
     name, revision = recipe.model.pretrained_model_name_or_path, recipe.model.revision
     if not is_embedded(name) and looks_like_local_path(name):

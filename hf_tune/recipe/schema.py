@@ -224,7 +224,7 @@ class HubSection(_Section):
 class TrackingSection(_Section):
     """Run identity for the trackers named in ``training.report_to`` (wandb, mlflow, trackio, tensorboard): name and
     project also become Trainer's ``run_name`` / ``project`` unless ``training`` sets them
-    (hf_tune.lifecycle.tracking)."""
+    (hf_tune.records.tracking)."""
 
     project: str | None = None
     name: str | None = Field(default=None, description="the run's name (default: Trainer's run_name)")

@@ -12,9 +12,9 @@ from typing import Any
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.lineage import flat_lineage
-from hf_tune.lifecycle.report import series, watched_scores
-from hf_tune.lifecycle.run_reader import open_run
+from hf_tune.records.lineage import flat_lineage
+from hf_tune.records.report import series, watched_scores
+from hf_tune.records.run_reader import open_run
 from hf_tune.search.backend import STUDY_JSON, read_study_trials, study_backend, trial_folder_name
 
 IGNORED_KEYS = ("training.output_dir",)  # differs between any two runs; the row's name says it

@@ -16,9 +16,9 @@ from hf_tune.data import TrainingData, data_seed, tokenize
 from hf_tune.data.classification import label_names
 from hf_tune.data.loading import load_source
 from hf_tune.errors import RecipeError
-from hf_tune.lifecycle.tracking import tracking_scope
 from hf_tune.model import build_tokenizer
 from hf_tune.recipe.schema import Recipe
+from hf_tune.records.tracking import tracking_scope
 
 
 @dataclasses.dataclass

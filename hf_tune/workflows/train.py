@@ -17,12 +17,12 @@ from hf_tune.assembly.run_build import Run, build_run
 from hf_tune.catalog.tasks import task_of
 from hf_tune.data.preview import first_example_for_the_log
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.manifest import now, write_manifest
-from hf_tune.lifecycle.model_card import render_model_card
-from hf_tune.lifecycle.report import write_report
-from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
-from hf_tune.lifecycle.tracking import tracking_scope
 from hf_tune.recipe.schema import Recipe
+from hf_tune.records.manifest import now, write_manifest
+from hf_tune.records.model_card import render_model_card
+from hf_tune.records.report import write_report
+from hf_tune.records.resolved_recipe import resolved_recipe_dict
+from hf_tune.records.tracking import tracking_scope
 from hf_tune.redaction import redact_secrets
 from hf_tune.runtime.distributed import check_distributed
 from hf_tune.runtime.process import settle_process

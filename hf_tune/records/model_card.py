@@ -14,13 +14,13 @@ from hf_tune.catalog.formats import DEFAULT_FORMAT
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, looks_like_local_path
 from hf_tune.catalog.tasks import Task, task_of
-from hf_tune.lifecycle.lineage import (
+from hf_tune.model.embedded import PREFIX
+from hf_tune.records.lineage import (
     base_model_id,  # noqa: F401  (hub.py's and the tests' import)
     package_version,
     read_lineage,
 )
-from hf_tune.lifecycle.lineage import embedded_spec as _embedded
-from hf_tune.model.embedded import PREFIX
+from hf_tune.records.lineage import embedded_spec as _embedded
 from hf_tune.redaction import redact_secrets
 
 VERSIONS = ("hf_tune", "transformers", "peft", "torch", "datasets", "accelerate")
@@ -113,7 +113,7 @@ def render_model_card(run_dir: str | Path, repo_id: str, merged: bool = False,
 
 
 def _lineage_lines(lineage: dict | None) -> list[str]:
-    """The run's lineage (``hf_tune.lifecycle.lineage``): base model, data fingerprints, code commit."""
+    """The run's lineage (``hf_tune.records.lineage``): base model, data fingerprints, code commit."""
     if not lineage:
         return []
     base, git = lineage.get("base_model") or {}, lineage.get("git") or {}

@@ -11,8 +11,6 @@ from pathlib import Path
 from hf_tune import run_folder
 from hf_tune.catalog.tasks import Task, task_of
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.model_card import run_class_labels
-from hf_tune.lifecycle.run_reader import load_adapter_run, open_run
 from hf_tune.model.merge import (
     CannotStream,
     base_checkpoint_folder,
@@ -21,6 +19,8 @@ from hf_tune.model.merge import (
 )
 from hf_tune.model.merge_write import write_merged_shards
 from hf_tune.model.quantization import bitsandbytes_config, dequantize, keep_weight_layout
+from hf_tune.records.model_card import run_class_labels
+from hf_tune.records.run_reader import load_adapter_run, open_run
 
 logger = logging.getLogger(__name__)
 

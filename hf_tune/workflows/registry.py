@@ -15,9 +15,8 @@ import yaml
 
 from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.lineage import flat_lineage, read_lineage
-from hf_tune.lifecycle.merge_run import merge, run_task
-from hf_tune.lifecycle.mlflow_run import (
+from hf_tune.records.lineage import flat_lineage, read_lineage
+from hf_tune.records.mlflow_run import (
     existing_mlflow_run,
     log_new_params,
     log_run_folder_artifacts,
@@ -25,7 +24,8 @@ from hf_tune.lifecycle.mlflow_run import (
     run_folder_mlflow_uri,
     save_mlflow_run_id,
 )
-from hf_tune.lifecycle.run_reader import open_run
+from hf_tune.records.run_reader import open_run
+from hf_tune.workflows.merge_run import merge, run_task
 
 
 def registry_uri(run_dir: str | Path | None = None, tracking_uri: str | None = None) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 from hf_tune import run_folder
 from hf_tune.catalog.sources import looks_like_local_path
 from hf_tune.catalog.trackers import TRACKERS
-from hf_tune.lifecycle.resolved_recipe import resolved_recipe_dict
 from hf_tune.model.embedded import EMBEDDED_MODELS, PREFIX, EmbeddedModel
 from hf_tune.recipe.schema import Recipe
+from hf_tune.records.resolved_recipe import resolved_recipe_dict
 from hf_tune.redaction import redact_secrets
 
 PACKAGES = ("hf_tune", "torch", "transformers", "datasets", "accelerate", "peft", "trl", "deepspeed", "optuna",

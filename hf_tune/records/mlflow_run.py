@@ -13,8 +13,8 @@ from pathlib import Path
 
 from hf_tune import run_folder
 from hf_tune.catalog.trackers import TRACKERS
-from hf_tune.lifecycle.lineage import flat_lineage, run_lineage
 from hf_tune.recipe.schema import Recipe
+from hf_tune.records.lineage import flat_lineage, run_lineage
 from hf_tune.redaction import redact_urls, url_has_credentials
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def run_folder_mlflow_uri(run_dir: Path) -> str:
 def start_mlflow_run(recipe: Recipe, run_dir: Path, args=None, datasets: dict | None = None) -> str:
     """Open this run folder's MLflow run as the active run (main process only), so that Trainer's ``MLflowCallback``
     logs into it instead of starting one named by ``args.run_name`` alone: the recipe's ``tracking`` name and tags
-    reach MLflow, the params are the flattened recipe and lineage (``hf_tune.lifecycle.lineage``), and a resumed run
+    reach MLflow, the params are the flattened recipe and lineage (``hf_tune.records.lineage``), and a resumed run
     (its id is kept in ``run_dir/mlflow_run_id``, per tracking URI) continues the same MLflow run. The store is
     ``MLFLOW_TRACKING_URI`` (default: ``run_dir/mlruns``), the experiment ``MLFLOW_EXPERIMENT_NAME`` (default:
     ``tracking.project``, else MLflow's default experiment). Returns the run id."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.run_reader import RunFolder, open_run
+from hf_tune.records.run_reader import RunFolder, open_run
 
 # metrics of the machine and its clock, not of the training: never compared
 TIMING_METRICS = ("runtime", "per_second", "mfu", "memory", "step_time")

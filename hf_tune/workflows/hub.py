@@ -1,4 +1,4 @@
-"""The Hugging Face Hub: pushing a run with its model card (a merged one through ``hf_tune.lifecycle.merge_run``)."""
+"""The Hugging Face Hub: pushing a run with its model card (a merged one through ``hf_tune.workflows.merge_run``)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import logging
 import tempfile
 from pathlib import Path
 
-from huggingface_hub import constants  # noqa: F401  (tests and users patch hf_tune.lifecycle.hub.constants)
+from huggingface_hub import constants  # noqa: F401  (tests and users patch hf_tune.workflows.hub.constants)
 
 from hf_tune import run_folder
 from hf_tune.catalog.trackers import tracker_files
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.merge_run import merge, recipe_model, run_task  # noqa: F401  run_task: hub's, as before
-from hf_tune.lifecycle.model_card import base_model_id, render_model_card
-from hf_tune.lifecycle.run_reader import open_run
-from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.lifecycle.hub.hub_is_reachable, as before)
+from hf_tune.records.model_card import base_model_id, render_model_card
+from hf_tune.records.run_reader import open_run
+from hf_tune.runtime.network import hub_is_reachable  # noqa: F401  (hf_tune.workflows.hub.hub_is_reachable, as before)
+from hf_tune.workflows.merge_run import merge, recipe_model, run_task  # noqa: F401  run_task: hub's, as before
 
 logger = logging.getLogger(__name__)
 

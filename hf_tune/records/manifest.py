@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hf_tune import run_folder
-from hf_tune.lifecycle.lineage import run_lineage
 from hf_tune.recipe.schema import Recipe
+from hf_tune.records.lineage import run_lineage
 from hf_tune.redaction import redact_secrets
 from hf_tune.runtime.machine import cpu_name
 

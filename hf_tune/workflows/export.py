@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hf_tune.catalog.export_formats import DEFAULT_EXPORT_FORMAT, DEFAULT_GGUF_QUANT, EXPORT_FORMATS, GGUF_QUANTS
 from hf_tune.errors import HfTuneError
-from hf_tune.lifecycle.run_reader import open_run
+from hf_tune.records.run_reader import open_run
 
 logger = logging.getLogger(__name__)
 MODELFILE = "Modelfile"
@@ -49,7 +49,7 @@ def export(run_dir: str | Path, format: str = DEFAULT_EXPORT_FORMAT, quant: str 
     try:
         source = run.path
         if run.weights() == "adapter":
-            from hf_tune.lifecycle.merge_run import merge
+            from hf_tune.workflows.merge_run import merge
 
             staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.stem}-merge-"))
             source = Path(merge(run.path, out=staging / "merged", dtype="float32")["merged_dir"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hf_tune import run_folder
-from hf_tune.lifecycle.run_reader import RunFolder, open_run
+from hf_tune.records.run_reader import RunFolder, open_run
 
 
 def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
