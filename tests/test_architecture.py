@@ -197,6 +197,25 @@ def test_the_layer_check_finds_an_import_up_the_table_or_across_a_row(tmp_path):
 LATE_BOUND = re.compile(r"[\"'](hf_tune(?:\.\w+)+):(\w+)[\"']")
 
 
+def declared_edges(modules: dict[str, Path]) -> set[tuple[str, str]]:
+    """The late-bound strings as edges of the dependency graph: (the module whose table names it, the module named)."""
+    return {(name, target) for name, path in modules.items() for target, _ in LATE_BOUND.findall(path.read_text())}
+
+
+def test_late_bound_strings_are_declared_edges_from_the_tables_to_library_code_below_the_command_line():
+    """A late-bound string is the one edge allowed to point up the table, and only from a table (``catalog/``) to
+    library code: never to the command line or an entry point, whose modules a library call must not need."""
+    modules = module_names()
+    table = layer_table(ARCHITECTURE.read_text())
+    layers = layer_of_each_module(table, modules)
+    command_line = next(rank for rank, entries in enumerate(table) if "commands/" in entries)
+    edges = declared_edges(modules)
+    assert {unit_of(modules[source]) for source, _ in edges} == {"catalog/"}
+    assert sorted(f"{source} -> {target}" for source, target in edges if layers[target] <= command_line) == []
+    # the tables that name hf_tune's own code (methods name TRL's classes; shipped rewards live in their table)
+    assert {source.rpartition(".")[2] for source, _ in edges} == {"formats", "tasks", "search_backends", "trackers"}
+
+
 def test_every_late_bound_module_function_string_names_a_real_function():
     """The tables' ``"module:function"`` strings are imports the graph does not see: each must name a function or
     class that its module defines, so that a rename or a move fails here, not at a user's first use."""
