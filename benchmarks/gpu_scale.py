@@ -67,7 +67,7 @@ def init_recipe(folder: Path, train: Path, out: Path, steps: int, tiny: bool) ->
     """The recipe `hf-tune init` writes for the model on 1 x 80 GB, trained ``steps`` optimizer steps of one pack."""
     import yaml
 
-    from hf_tune.commands.init_recipe import choose
+    from hf_tune.workflows.init_recipe import choose
 
     recipe, _ = choose(MODEL_ID, 1, 80, data=str(train), output_dir=str(out))
     recipe = yaml.safe_load(yaml.safe_dump(recipe))  # a plain copy

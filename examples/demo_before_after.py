@@ -20,9 +20,9 @@ TASK = "hf_tune_persona"
 
 def before_after(run_dir: str, prompts: list[str] = PROMPTS, max_new_tokens: int = 40) -> dict:
     """{"answers": [(prompt, base answer, tuned answer)], "score": (base, tuned)} for a LoRA run."""
-    from hf_tune.commands.chat import load_trained
-    from hf_tune.commands.generate import answer_batch
     from hf_tune.evaluation.harness import Harness
+    from hf_tune.workflows.generate import answer_batch
+    from hf_tune.workflows.inference import load_trained
 
     model, tokenizer = load_trained(run_dir)
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]

@@ -7,7 +7,7 @@
 import sys
 
 from hf_tune import build_datasets, build_model_and_tokenizer, build_trainer, build_training_arguments, load_recipe
-from hf_tune.commands.chat import reply
+from hf_tune.workflows.inference import reply
 
 recipe = load_recipe("recipes/llm_lora.yaml", ["training.max_steps=10", "training.output_dir=runs/notebook_api",
                                                "training.eval_strategy=no", "data.eval_split=null", *sys.argv[1:]])

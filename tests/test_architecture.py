@@ -96,7 +96,7 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_importing_hf_tune_loads_no_heavy_library_and_changes_nothing_in_the_process():
+def test_importing_hf_tune_or_the_verbs_loads_no_heavy_library_and_changes_nothing_in_the_process():
     code = ("import json, logging, os, sys, warnings\n"
             "def state():\n"
             "    loggers = {name: len(logger.filters) for name, logger in logging.root.manager.loggerDict.items()\n"
@@ -109,14 +109,18 @@ def test_importing_hf_tune_loads_no_heavy_library_and_changes_nothing_in_the_pro
             "from hf_tune.runtime.process import settle_process\n"
             "settle_process()\n"
             "heavy = ('torch', 'transformers', 'optuna', 'deepspeed', 'wandb', 'datasets')\n"
-            "print(json.dumps([sorted(name for name in heavy if name in sys.modules), before == imported,\n"
-            "                  state()['env'].get('MKL_CBWR'), before['warnings'] != state()['warnings']]))")
+            "loaded = sorted(name for name in heavy if name in sys.modules)\n"
+            "from hf_tune.commands import cli\n"
+            "cli.parser()  # every verb's module, as hf-tune --help reads them\n"
+            "print(json.dumps([loaded, before == imported, state()['env'].get('MKL_CBWR'),\n"
+            "                  before['warnings'] != state()['warnings'],\n"
+            "                  sorted(name for name in heavy if name in sys.modules)]))")
     result = launch.run("python", "-c", code, timeout=120,
                         base_env={k: v for k, v in os.environ.items() if k != "MKL_CBWR"})
     assert result.returncode == 0, result.stderr[-2000:]
     # no heavy library loaded and nothing changed by the import; settle_process (the entry points', train's) makes
-    # the settings
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == [[], True, "AUTO,STRICT", True]
+    # the settings; hf-tune's parser, every verb's module imported, loads no heavy library either
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [[], True, "AUTO,STRICT", True, []]
 
 
 ARCHITECTURE = REPO / "docs" / "architecture.md"
@@ -229,3 +233,93 @@ def test_every_late_bound_module_function_string_names_a_real_function():
             assert name in defined, f"{path.relative_to(REPO)}: {module} defines no {name}"
             found.append(f"{module}:{name}")
     assert len(found) >= 26  # the format, task, reward and tracker tables' own
+
+
+# libraries whose load a verb's ``--help`` or a notebook's ``import hf_tune`` should not pay for
+HEAVY = {"torch", "transformers", "datasets", "peft", "trl", "optuna", "deepspeed", "accelerate", "ray", "mlflow",
+         "wandb", "lm_eval", "gguf", "numpy", "pandas", "matplotlib", "huggingface_hub", "safetensors", "evaluate",
+         "sklearn", "scipy", "bitsandbytes", "tensorboard", "PIL", "fsspec", "openai", "vllm", "gradio", "pydantic"}
+
+
+def module_level_imports(path: Path, modules: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """The hf_tune modules and the third-party top-level packages a module imports when it loads (inside ``if`` and
+    ``try`` blocks too, so a guarded import counts as loaded)."""
+    own, third = set(), set()
+    for statement in ast.parse(path.read_text()).body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(statement):
+            names = ([f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom)
+                     and node.module and node.level == 0 else [a.name for a in node.names]
+                     if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name.startswith("hf_tune"):
+                    while name not in modules:
+                        name = name.rpartition(".")[0]
+                    own.add(name)
+                else:
+                    third.add(name.split(".")[0])
+    return own, third
+
+
+def loads(name: str, direct: dict[str, tuple[set[str], set[str]]]) -> tuple[set[str], set[str]]:
+    """Every hf_tune module and heavy library that importing ``name`` loads (its packages' ``__init__`` too)."""
+    seen, libraries, stack = set(), set(), [name]
+    while stack:
+        module = stack.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        own, third = direct[module]
+        libraries |= third & HEAVY
+        stack.extend(own | {module.rsplit(".", k)[0] for k in range(1, module.count("."))})
+    return seen, libraries
+
+
+def unexplained_inner_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
+    """Function-level imports of hf_tune modules with neither reason: the module imported loads no heavy library that
+    the importer's module level does not, and does not load the importer (no cycle to break)."""
+    direct = {name: module_level_imports(path, modules) for name, path in modules.items()}
+    found = []
+    for name, path in modules.items():
+        own_modules, own_libraries = loads(name, direct)
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                targets = direct_imports_of_node(node, modules)
+                reasons = [target for target in targets if target != name and (
+                    name in loads(target, direct)[0] or loads(target, direct)[1] - own_libraries)]
+                if targets and not reasons:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} imports {', '.join(sorted(targets))}")
+    return sorted(set(found))
+
+
+def direct_imports_of_node(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> set[str]:
+    names = ([f"{node.module}.{alias.name}" for alias in node.names] if isinstance(node, ast.ImportFrom)
+             and (node.module or "").startswith("hf_tune") else [alias.name for alias in node.names
+                                                                 if alias.name.startswith("hf_tune")]
+             if isinstance(node, ast.Import) else [])
+    found = set()
+    for target in names:
+        while target not in modules:
+            target = target.rpartition(".")[0]
+        found.add(target)
+    return found
+
+
+def test_a_function_level_import_of_hf_tune_breaks_a_cycle_or_defers_a_heavy_library():
+    assert unexplained_inner_imports(module_names()) == []
+
+
+def test_the_inner_import_check_finds_one_with_no_reason(tmp_path):
+    files = {"hf_tune.light": "import json\n", "hf_tune.heavy": "import torch\n",
+             "hf_tune.user": "def f():\n    import hf_tune.light\n\ndef g():\n    from hf_tune import heavy\n"}
+    modules = {}
+    for name, text in files.items():
+        modules[name] = tmp_path.joinpath(*name.split(".")).with_suffix(".py")
+        modules[name].parent.mkdir(parents=True, exist_ok=True)
+        modules[name].write_text(text)
+    assert unexplained_inner_imports(modules, tmp_path) == ["hf_tune/user.py:2 imports hf_tune.light"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hf_tune.commands import cli
-from hf_tune.commands.chat import default_device, default_dtype, load_trained, reply
 from hf_tune.errors import HfTuneError
+from hf_tune.workflows.inference import default_device, default_dtype, load_trained, reply
 
 QUESTION = [{"role": "user", "content": "Name a planet."}]
 

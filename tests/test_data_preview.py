@@ -13,7 +13,7 @@ from conftest import chat_recipe
 
 from hf_tune import load_recipe, train
 from hf_tune.commands.cli import main
-from hf_tune.commands.data_preview import data_preview
+from hf_tune.workflows.data_preview import data_preview
 
 ROOT = Path(__file__).parent.parent
 RECIPES = sorted(ROOT.joinpath("recipes").rglob("*.yaml"))

@@ -249,7 +249,7 @@ def test_memory_estimate_agrees_with_deepspeeds_own_estimators_for_a_full_fine_t
 
 def test_plan_prints_model_state_memory_per_rank_for_lora_and_full(tmp_path, tiny_llama_dir):
     """Counts from the tiny Llama's config by hand: fp32, world size 4, AdamW."""
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.workflows.plan import plan
 
     config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())

@@ -205,7 +205,7 @@ def test_an_optuna_study_on_a_downstream_score_records_it_per_trial_and_keeps_th
 
 
 def test_hf_tune_eval_of_a_checkpoint_equals_the_in_process_score_and_refuses_incomplete_ones(scored_run):
-    from hf_tune.commands.evaluate import evaluate_run
+    from hf_tune.workflows.evaluate import evaluate_run
 
     run_dir, _, history = scored_run
     first = evaluations(history)[0]
@@ -222,7 +222,7 @@ def test_hf_tune_eval_of_a_checkpoint_equals_the_in_process_score_and_refuses_in
 
 
 def test_hf_tune_eval_with_a_mistyped_task_stops_before_any_model_loads(scored_run, monkeypatch, capsys):
-    import hf_tune.commands.chat as chat
+    import hf_tune.workflows.inference as chat
     from hf_tune.commands.cli import main
 
     run_dir, _, _ = scored_run

@@ -147,7 +147,7 @@ def test_an_eval_class_with_no_training_image_is_refused_as_for_text(tmp_path):
 
 
 def test_the_shipped_recipe_validates_and_plans_offline(tmp_path, monkeypatch):
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.workflows.plan import plan
 
     monkeypatch.chdir(REPO)

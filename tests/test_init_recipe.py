@@ -15,8 +15,8 @@ MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-
 @pytest.mark.parametrize("model", MODELS)
 def test_init_writes_recipes_that_plan_within_the_machine(model, offline, tmp_path):
     from hf_tune import load_recipe
-    from hf_tune.commands.init_recipe import write_recipe
     from hf_tune.errors import HfTuneError
+    from hf_tune.workflows.init_recipe import write_recipe
     from hf_tune.workflows.plan import plan
 
     written = 0
@@ -41,7 +41,7 @@ def test_init_writes_recipes_that_plan_within_the_machine(model, offline, tmp_pa
 def test_a_full_fine_tune_of_8b_on_eight_gpus_goes_to_zero_2_as_the_bytes_say(offline, tmp_path):
     """DDP replicates float32 weights, gradients and two moments: 16 bytes x 8.03B = 128 GB, more than a card.
     ZeRO-2 keeps bf16 weights (2 bytes) and partitions 18 bytes of gradients and fp32 states over 8 ranks."""
-    from hf_tune.commands.init_recipe import write_recipe
+    from hf_tune.workflows.init_recipe import write_recipe
 
     params = 8_030_261_248
     assert 16 * params > 80 * 2**30 > 2 * params + 18 * params / 8

@@ -55,7 +55,7 @@ def test_every_scale_recipe_validates_and_plans_offline_within_its_memory(path, 
     fits that machine's GPU with init's headroom; validate reads the shipped config offline too."""
     from hf_tune import load_recipe
     from hf_tune.commands.cli import main
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.workflows.plan import plan
 
     gpus, gpu_gb = map(int, re.search(r"(\d+)x(\d+)gb", path.stem).groups())

@@ -409,7 +409,7 @@ def test_every_shipped_method_recipe_validates(monkeypatch):
 
 
 def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.workflows.plan import plan
 
     dpo = method_recipe("dpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"), tmp_path / "dpo")
@@ -431,8 +431,8 @@ def test_plan_shows_the_method_and_counts_its_batches(tmp_path, tiny_llama_dir):
 
 
 def test_a_dpo_run_folder_chats_merges_and_its_card_names_the_method(tmp_path, tiny_llama_dir, monkeypatch):
-    from hf_tune.commands.chat import load_trained, reply
     from hf_tune.records.model_card import render_model_card
+    from hf_tune.workflows.inference import load_trained, reply
     from hf_tune.workflows.merge_run import merge
 
     monkeypatch.setenv("HF_TUNE_CACHE", str(tmp_path / "cache"))

@@ -137,7 +137,7 @@ def test_init_adapts_the_experts_where_they_fit_and_attention_only_where_they_do
     (their adapters and AdamW states: 67.4 GB planned), LoRA on attention does (63.8 GB), with its dropout; the recipe
     says why. At 75 GB (67.5) the experts' candidate sat 0.1 GB from the budget and flipped between hosts, whose
     measured activations differ by that much."""
-    from hf_tune.commands.init_recipe import write_recipe
+    from hf_tune.workflows.init_recipe import write_recipe
 
     out = tmp_path / "r.yaml"
     choice = write_recipe("Qwen/Qwen3-30B-A3B", out, gpus=1, gpu_memory_gb=73,
@@ -226,9 +226,9 @@ def test_a_tiny_moe_learns_reloads_and_merges_by_shard(family, moe_dirs, tmp_pat
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.commands.serve import vllm_command
     from hf_tune.records.run_reader import open_run
     from hf_tune.workflows.merge_run import merge
+    from hf_tune.workflows.serve import vllm_command
 
     raw = chat_recipe(moe_dirs[family], tmp_path / "run", max_steps=12, learning_rate=5e-2,
                       per_device_train_batch_size=4, data_seed=1)

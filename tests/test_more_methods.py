@@ -292,7 +292,7 @@ def test_the_plan_shows_no_reference_for_orpo_and_the_teachers_memory_partitione
         tmp_path, tiny_llama_dir, teacher_dir):
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.workflows.plan import plan
 
     orpo = plan(load_recipe(method_recipe("orpo", tiny_llama_dir, conversational_pairs(tmp_path / "p.jsonl"),

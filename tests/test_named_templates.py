@@ -14,8 +14,8 @@ from conftest import chat_recipe, save_tiny_llama
 
 from hf_tune import load_recipe, train
 from hf_tune.catalog.templates import fitting_templates, template_names
-from hf_tune.commands.data_preview import data_preview
 from hf_tune.errors import RecipeError
+from hf_tune.workflows.data_preview import data_preview
 
 CHATS = [[{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}],
          [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "5"},
@@ -75,7 +75,7 @@ def test_fitting_names_put_the_familys_training_templates_first():
 
 
 def test_init_names_a_template_for_a_base_without_one(base_without_template, offline, tmp_path):
-    from hf_tune.commands.init_recipe import write_recipe
+    from hf_tune.workflows.init_recipe import write_recipe
 
     out = tmp_path / "recipe.yaml"
     write_recipe(base_without_template, out, gpus=1, gpu_memory_gb=24, data=str(tmp_path / "x.jsonl"))

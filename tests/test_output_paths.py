@@ -12,7 +12,7 @@ import pytest
 from conftest import DATA, REPO
 
 from hf_tune.commands.cli import VERBS, main
-from hf_tune.commands.generate import generate_file
+from hf_tune.workflows.generate import generate_file
 
 UNWRITABLE = Path("/proc/hf_tune-out/x")  # /proc takes no new file, whoever runs the suite (root included)
 
@@ -95,8 +95,8 @@ def test_generate_continues_only_its_own_job_and_never_rewrites_another_s(tmp_pa
 
 
 def test_generate_refuses_a_role_the_chat_template_does_not_render(smol_tokenizer):
-    from hf_tune.commands.generate import refuse_unknown_roles
     from hf_tune.errors import HfTuneError
+    from hf_tune.workflows.generate import refuse_unknown_roles
 
     fine = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}]
     refuse_unknown_roles(smol_tokenizer, fine, "p.jsonl")  # SmolLM2's ChatML renders both

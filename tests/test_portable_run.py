@@ -52,8 +52,8 @@ def test_a_copied_run_folder_loads_from_fresh_caches_with_peft_hf_tune_and_chat(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_tune import load_model
-    from hf_tune.commands.chat import reply
     from hf_tune.commands.cli import main
+    from hf_tune.workflows.inference import reply
 
     raw = chat_recipe(REPO_ID, tmp_path / "runs" / "tiny", max_steps=2, learning_rate=5e-2)
     raw["model"]["revision"] = SHA

@@ -116,8 +116,8 @@ def test_on_by_default_as_hf_tunes_callback_never_upstreams(tmp_path, tiny_llama
 
     from hf_tune import load_recipe
     from hf_tune.assembly.run_build import build_run
-    from hf_tune.commands.effective import hf_tune_defaults
     from hf_tune.trainer.preemption import SaveOnSignal
+    from hf_tune.workflows.validate import hf_tune_defaults
 
     for extra, ours in (({}, True), ({"enable_jit_checkpoint": True}, True), ({"enable_jit_checkpoint": False}, False)):
         recipe = load_recipe(chat_recipe(tiny_llama_dir, tmp_path / "run", **extra))

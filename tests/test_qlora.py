@@ -265,7 +265,7 @@ def test_plan_shows_the_quantized_weight_memory(tmp_path, tiny_llama_dir):
     statistic), and the parameter count against the unquantized model's."""
     from transformers import AutoModelForCausalLM
 
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.model.quantization import bitsandbytes_config
     from hf_tune.workflows.plan import plan
 

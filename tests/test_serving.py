@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import free_port
 
-from hf_tune.commands.chat import load_trained, reply
-from hf_tune.commands.generate import generate_file, read_prompts
-from hf_tune.commands.serve import serve, vllm_command
 from hf_tune.errors import HfTuneError
 from hf_tune.records.run_reader import open_run
+from hf_tune.workflows.generate import generate_file, read_prompts
+from hf_tune.workflows.inference import load_trained, reply
+from hf_tune.workflows.serve import serve, vllm_command
 
 PROMPTS = [
     {"prompt": "What is the capital of Norway?"},

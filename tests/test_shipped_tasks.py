@@ -89,8 +89,8 @@ def test_apply_chat_template_scores_like_lm_evals_own_simple_evaluate_with_the_t
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from hf_tune.commands.evaluate import _load_named
     from hf_tune.evaluation.harness import Harness
+    from hf_tune.workflows.evaluate import _load_named
 
     model, tokenizer = _load_named(tiny_llama_dir, "cpu", "float32")
     chat = Harness(["hf_tune_chat_skills"], limit=8, batch_size=4, apply_chat_template=True).score(model, tokenizer)

@@ -61,7 +61,7 @@ def test_a_plan_of_a_stream_counts_steps_from_max_steps_without_reading_it(tmp_p
     """A stream has no length: the plan takes its steps from training.max_steps, and a step's batch is counted in
     packs and tokens (2 per device x 3 accumulated = 6 packs of up to 256 tokens)."""
     from hf_tune import load_recipe
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.workflows.plan import plan
 
     recipe = streamed(tiny_llama_dir, tmp_path / "run", batch_tokens=256)

@@ -14,7 +14,7 @@ import yaml
 from conftest import DATA, REPO, SMOLLM2, chat_recipe, write_recipe
 
 from hf_tune import load_recipe, train
-from hf_tune.commands.chat import load_trained
+from hf_tune.workflows.inference import load_trained
 
 
 def logged_losses(trainer) -> list[float]:

@@ -15,7 +15,7 @@ from hf_tune import load_recipe
 def test_plan_counts_each_images_tokens_as_the_processor_expands_them(tiny_vlm, tmp_path):  # noqa: F811
     from transformers import AutoConfig, AutoProcessor
 
-    from hf_tune.commands.plan_text import format_plan
+    from hf_tune.commands.plan import format_plan
     from hf_tune.model.memory import activation_memory
     from hf_tune.workflows.plan import plan
 

@@ -106,7 +106,7 @@ def memory_and_scaling(recipe: Path, run_dir: Path) -> dict:
 
 
 def reproduce_step(run_dir: Path) -> tuple[str, bool]:
-    from hf_tune.commands.reproduce import reproduce
+    from hf_tune.workflows.reproduce import reproduce
 
     second, comparison = reproduce(run_dir)
     return comparison.report(run_dir, second), comparison.reproduced

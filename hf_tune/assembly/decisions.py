@@ -21,10 +21,16 @@ from hf_tune.catalog.tasks import task_of
 from hf_tune.data import decide_padding_free
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.model.attention import NAME as SDPA_VARLEN
-from hf_tune.model.attention import default_attn_implementation, runs_examples_apart, supports_padding_free
+from hf_tune.model.attention import (
+    default_attn_implementation,
+    loaded_attn_implementation,
+    runs_examples_apart,
+    supports_padding_free,
+)
 from hf_tune.model.attention_choice import flash_candidates
 from hf_tune.model.chunked_head import expects_chunked_loss
-from hf_tune.model.meta import config_model_class, load_model_config, meta_dtype
+from hf_tune.model.loss import is_chunked
+from hf_tune.model.meta import build_meta_model, config_model_class, load_model_config, meta_dtype
 from hf_tune.model.moe import is_moe_config
 from hf_tune.recipe.quantization import weight_sharding
 from hf_tune.recipe.schema import Recipe
@@ -104,7 +110,6 @@ def decide(recipe: Recipe, args: TrainingArguments, config=None, model_class: ty
         return decided
     budget = budget or memory_budget(recipe, args)
     if model is None and task.reads_text:
-        from hf_tune.model.meta import build_meta_model
 
         try:
             model = build_meta_model(recipe)
@@ -205,8 +210,6 @@ def ran(run) -> RunDecisions:
     model loaded with, the collator's padding-free rows, the trainer's loss, the arguments' checkpointing and batch.
     Each may differ from the decision only where the build recorded a fallback; anything else is an ``HfTuneError``
     (a builder that decided again). ``run.json`` keeps the result."""
-    from hf_tune.model.attention import loaded_attn_implementation
-    from hf_tune.model.loss import is_chunked
 
     decided, args, trainer = run.decisions, run.args, run.trainer
     sft = not method_of(run.recipe.method).uses_trl

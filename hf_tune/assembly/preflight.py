@@ -17,6 +17,8 @@ from huggingface_hub import constants
 
 from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.evaluation.task_sources import check_task_sources
+from hf_tune.model.attention_choice import cached_kernel_commit
 from hf_tune.model.embedded import is_embedded, locate_embedded
 from hf_tune.model.meta import config_model_class, load_model_config, shipped_config_path
 from hf_tune.optim.schedule import resolve_schedule
@@ -96,7 +98,6 @@ def _check_evaluation_tasks(recipe: Recipe) -> None:
     """Each lm-eval task of ``evaluation.tasks`` is known, and offline reads local files or the datasets cache
     (``hf_tune.evaluation.task_sources``)."""
     if recipe.evaluation.tasks and importlib.util.find_spec("lm_eval") is not None:
-        from hf_tune.evaluation.task_sources import check_task_sources
 
         check_task_sources(recipe.evaluation.tasks, lambda: None if hub_is_reachable() else offline_reason())
 
@@ -191,7 +192,6 @@ def _check_flash_attention_installed(recipe: Recipe) -> None:
         return
     from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK
 
-    from hf_tune.model.attention_choice import cached_kernel_commit
 
     if importlib.util.find_spec("kernels") is not None and cached_kernel_commit(FLASH_ATTN_KERNEL_FALLBACK[name]):
         return

@@ -14,6 +14,7 @@ from typing import Any
 
 from hf_tune.catalog.formats import FORMATS
 from hf_tune.catalog.late_bound import resolve
+from hf_tune.errors import HfTuneError
 
 DEFAULT_METHOD = "sft"
 
@@ -114,7 +115,6 @@ def _resolve(dotted: str) -> type:
         except (ImportError, AttributeError) as err:  # an experimental trainer moved or went in a TRL release
             from importlib.metadata import version
 
-            from hf_tune.errors import HfTuneError
 
             raise HfTuneError(f"{dotted} is not in the installed TRL {version('trl')} ({err})\n  fix: install the "
                               "TRL hf_tune was tested with: pip install 'trl==1.16.*'") from err

@@ -10,6 +10,7 @@ from typing import Any
 from datasets import Dataset
 from datasets.fingerprint import Hasher
 
+from hf_tune.catalog.templates import fitting_templates
 from hf_tune.data.formats import Conversation, check_columns, format_of
 from hf_tune.data.messages import example_tools, load_tools, uses_tools
 from hf_tune.data.rendering import assistant_char_spans, check_template_renders_tools, check_tools_rendered
@@ -74,7 +75,6 @@ def _fitting(tokenizer) -> list[str]:
     """Named templates that fit the tokenizer's model, read off the config beside it where it is a local folder."""
     import json
 
-    from hf_tune.catalog.templates import fitting_templates
 
     config = Path(getattr(tokenizer, "name_or_path", "") or ".") / "config.json"
     model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None

@@ -14,6 +14,7 @@ from typing import Any
 from datasets import Dataset
 
 from hf_tune.data.formats import check_columns, format_of, row_refusal
+from hf_tune.data.images import drawn_images
 from hf_tune.data.messages import chat_messages
 from hf_tune.data.tokenization import IGNORE_INDEX
 from hf_tune.errors import HfTuneError, RecipeError
@@ -163,7 +164,6 @@ class VisionChatCollator:
 def sample_conversations(processor, task) -> dict:
     """Two questions, each about a drawn image, rendered by the processor's chat template and run through the
     processor (image tokens and pixels): the inputs of ``hf-tune merge --check``."""
-    from hf_tune.data.images import drawn_images
 
     questions = ["What is in this picture?", "Describe the colours."]
     turns = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}] for q in questions]

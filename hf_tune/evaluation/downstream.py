@@ -14,6 +14,7 @@ import time
 from transformers import TrainerCallback
 
 from hf_tune.evaluation.harness import Harness, build_harness
+from hf_tune.evaluation.samples import GenerationSamples
 
 
 class DownstreamScores(TrainerCallback):
@@ -52,7 +53,6 @@ def build_downstream_scores(recipe) -> DownstreamScores | None:
 
 def build_sample_callbacks(recipe) -> list[TrainerCallback]:
     """The generation samples of a recipe (``evaluation.samples``) as callbacks, none without them."""
-    from hf_tune.evaluation.samples import GenerationSamples
 
     if not recipe.evaluation.samples:
         return []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from hf_tune.model.allocations import allocations, quiet_profiler
-from hf_tune.model.chunked_logprobs import default_chunk_size
+from hf_tune.model.chunked_logprobs import LogitHead, default_chunk_size
 from hf_tune.model.probe_step import ProbeSetup
 
 
@@ -18,7 +18,6 @@ def loss_transient_per_row(setup: ProbeSetup, config, k: int, most_rows: int) ->
     positions measured at most)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from hf_tune.model.chunked_logprobs import LogitHead
 
     rows = min(most_rows, default_chunk_size(config.vocab_size))  # one chunk, of at most most_rows positions
     with torch.random.fork_rng(devices=[]):

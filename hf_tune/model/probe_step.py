@@ -9,6 +9,10 @@ import warnings
 import torch
 
 from hf_tune.model.allocations import allocations, quiet_profiler
+from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
+from hf_tune.model.dropout import use_fast_lora_dropout
+from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
+from hf_tune.model.moe import moe_lora
 
 PROBE_CHUNK_ROWS = 8  # the chunked loss's chunk in the copies (a real one: head_probe)
 
@@ -95,8 +99,6 @@ def _as_trained(model, setup: ProbeSetup):
     ``Trainer`` turns it on, in training mode."""
     from peft import LoraConfig, get_peft_model
 
-    from hf_tune.model.dropout import use_fast_lora_dropout
-    from hf_tune.model.moe import moe_lora
 
     if setup.lora is not None:
         if setup.checkpointing:
@@ -116,8 +118,6 @@ def training_loss(model, batch: dict, chunked: bool, mixed_precision: bool, chun
     forward under autocast and casts its outputs to float32 (``convert_outputs_to_fp32``); ``Trainer.compute_loss``
     hands the labels to hf_tune's loss, and ``HfTuneMixin.compute_loss`` runs the chunked one under autocast too,
     from the hidden states, through the model's head."""
-    from hf_tune.model.chunked_head import chunked_loss_head, hidden_state_inputs
-    from hf_tune.model.loss import ChunkedCausalLMLoss, causal_lm_loss
 
     inputs = dict(batch)
     labels = inputs.pop("labels")

@@ -11,6 +11,7 @@ from typing import Any
 from hf_tune.errors import RecipeError
 from hf_tune.recipe.schema import Recipe
 from hf_tune.recipe.upstream import did_you_mean
+from hf_tune.runtime.ds_config import load_deepspeed_config
 
 KEY = "model.quantization_config"
 QUANT_TYPES = ("nf4", "fp4")
@@ -98,7 +99,6 @@ def weight_sharding(recipe: Recipe) -> tuple[str, str] | None:
     """(key, what) when the recipe shards the weights over ranks: DeepSpeed ZeRO-3 or FSDP; else None."""
     deepspeed = recipe.training.get("deepspeed")
     if deepspeed:
-        from hf_tune.runtime.ds_config import load_deepspeed_config
 
         if (load_deepspeed_config(deepspeed).get("zero_optimization") or {}).get("stage") == 3:
             return "training.deepspeed", f"ZeRO-3 ({deepspeed!r})"

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from hf_tune import run_folder
+from hf_tune.catalog.tasks import DEFAULT_TASK, task_of
 from hf_tune.errors import HfTuneError
+from hf_tune.model.embedded import embedded_model_path, is_embedded
 from hf_tune.run_folder import last_complete_checkpoint
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -96,7 +98,6 @@ class RunFolder:
         if config is None:
             raise HfTuneError(f"{self.path}: no {run_folder.ADAPTER_CONFIG}: a full fine-tune has no base to load")
         name = config["base_model_name_or_path"]
-        from hf_tune.model.embedded import embedded_model_path, is_embedded
 
         return (embedded_model_path(name), None) if is_embedded(name) else (name, config.get("revision"))
 
@@ -116,7 +117,6 @@ class RunFolder:
 
     def task(self) -> str:
         """The run's ``model.task`` (the default task for a folder without a recipe: a bare model folder)."""
-        from hf_tune.catalog.tasks import DEFAULT_TASK
 
         return (self.recipe(required=False).get("model") or {}).get("task") or DEFAULT_TASK
 
@@ -272,7 +272,6 @@ def load_model(run_dir: str | Path, **kwargs):
     """The trained model of a run folder, for its ``model.task``: a LoRA adapter on its base (``load_adapter_run``:
     an ``embedded:`` base resolved, which PEFT's ``AutoPeftModel`` cannot), a full fine-tune as saved. ``kwargs`` go
     to ``from_pretrained`` (``dtype=``, ``device_map=``). The notebook's ``hf_tune.load_model``."""
-    from hf_tune.catalog.tasks import task_of
 
     run = open_run(run_dir)
     model_class = task_of(run.task()).model_class

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_tune.runtime.process import settle_process
+
 if TYPE_CHECKING:
     from hf_tune.recipe.schema import Recipe
 
@@ -25,7 +27,6 @@ def search(recipe: Recipe) -> dict:
     """Run (or continue) the recipe's study; the trials table, best recipe and plots go to the study folder. The
     backend is ``search.backend`` (``hf_tune.catalog.search_backends``): Optuna by default (with ``search.cv: k``
     each trial is the mean over k folds), or Ray Tune (ASHA, PBT)."""
-    from hf_tune.runtime.process import settle_process
     from hf_tune.search.backend import run_search  # here: this package stays light (Optuna loads with a search)
 
     settle_process()  # as train() does: asked to run, hf_tune makes its process-wide settings

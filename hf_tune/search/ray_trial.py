@@ -16,6 +16,8 @@ from hf_tune.recipe.search_space import trial_reads_base_data
 from hf_tune.search.backend import trial_folder_name
 from hf_tune.search.ray_summary import PARAM_PREFIX, REPORTS, trial_values
 from hf_tune.search.sampling import trial_recipe
+from hf_tune.trainer.checkpoints import checkpoints
+from hf_tune.training_args import build_training_arguments
 
 
 def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, study_dir: str) -> None:
@@ -24,7 +26,6 @@ def run_trial(config: dict[str, Any], base: Recipe, spec: SearchSection, data, s
     from ray import tune
 
     from hf_tune.assembly.run_build import build_run
-    from hf_tune.training_args import build_training_arguments
 
     number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
     folder = Path(study_dir) / trial_folder_name(number)
@@ -50,7 +51,6 @@ def adopt_checkpoint(checkpoint, folder: Path) -> str | None:
     trial."""
     if checkpoint is None:
         return None
-    from hf_tune.trainer.checkpoints import checkpoints
 
     with checkpoint.as_directory() as source:
         step = json.loads((Path(source) / "trainer_state.json").read_text())["global_step"]

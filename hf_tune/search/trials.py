@@ -25,6 +25,7 @@ from hf_tune.recipe.schema import Recipe, SearchSection
 from hf_tune.recipe.search_space import trial_reads_base_data
 from hf_tune.runtime.distributed import decided_on_main
 from hf_tune.search.backend import StudyPaths, base_recipe, study_paths
+from hf_tune.search.cross_validated import search_cross_validated  # it trains folds, not runs
 from hf_tune.search.optuna_summary import summarize
 from hf_tune.search.pruning import OptunaPruning
 from hf_tune.search.resume import heartbeat, resume_orphaned_trials, this_worker
@@ -70,7 +71,6 @@ def search(recipe: Recipe) -> dict:
     """Run (or continue) the study; write trials.csv, plots, best_recipe.yaml into the study folder. With
     ``search.cv: k`` each trial is the mean over k folds (``hf_tune.search.cross_validated``)."""
     if recipe.search is not None and recipe.search.cv is not None:
-        from hf_tune.search.cross_validated import search_cross_validated  # it trains folds, not runs
 
         return search_cross_validated(recipe)
     paths = study_paths(recipe)

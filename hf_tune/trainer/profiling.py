@@ -1,5 +1,5 @@
 """Profiling training steps with ``torch.profiler``: the recipe's ``profile`` section (``{wait: 1, warmup: 1,
-active: 3}``) profiles those steps of a run, and ``hf-tune profile RECIPE`` (``commands/profile.py``) does a short run
+active: 3}``) profiles those steps of a run, and ``hf-tune profile RECIPE`` (``workflows/profile.py``) does a short run
 of just those steps into a folder of its own. Written into ``profile/``: a Chrome / Perfetto trace (open it in
 https://ui.perfetto.dev), the top operators by self time, and the share of step time in matmuls, attention, the
 optimizer and data loading."""

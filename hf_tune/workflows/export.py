@@ -13,6 +13,8 @@ from pathlib import Path
 
 from hf_tune.catalog.export_formats import DEFAULT_EXPORT_FORMAT, DEFAULT_GGUF_QUANT, EXPORT_FORMATS, GGUF_QUANTS
 from hf_tune.errors import HfTuneError
+from hf_tune.model.embedded import locate_embedded
+from hf_tune.model.ollama_template import modelfile, stop_strings, turn_parts
 from hf_tune.records.run_reader import open_run
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,6 @@ def export(run_dir: str | Path, format: str = DEFAULT_EXPORT_FORMAT, quant: str 
         raise HfTuneError(f"--out {out}: name the GGUF file (ending in .gguf)")
     modelfile_text = None
     if EXPORT_FORMATS[format].modelfile:  # checked before the merge: a template Ollama cannot carry fails in seconds
-        from hf_tune.model.ollama_template import modelfile, stop_strings, turn_parts
 
         tokenizer = AutoTokenizer.from_pretrained(run.path)
         parts = turn_parts(tokenizer)
@@ -72,7 +73,6 @@ def base_pre_tokenizer(base: str | None, gguf_file: str | None) -> str | None:
 
     path = None
     if base and base.startswith("embedded:"):
-        from hf_tune.model.embedded import locate_embedded
 
         _, spec, package = locate_embedded(base)
         path = package / spec.gguf_file if spec.gguf_file else None

@@ -3,15 +3,21 @@ between them. Reproduced means the same final weights (every tensor, bit for bit
 what can explain a difference is read from both ``run.json`` files: package versions, data fingerprints, the seed,
 the device, the CPU threads, the number of processes, the git commit, the CPU model, the launcher, the math
 libraries' environment, the run's decisions; where none differs, the report names what ``run.json`` cannot see.
-``hf-tune reproduce`` (``commands/reproduce.py``) makes the second run from the first one's folder alone."""
+``reproduce(run_dir)`` (``hf-tune reproduce``) makes the second run from the first one's folder alone: its resolved
+``recipe.yaml``, with the seed in it, on the CPU threads ``run.json`` recorded."""
 
 from __future__ import annotations
 
+import copy
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_tune import run_folder
 from hf_tune.errors import HfTuneError
 from hf_tune.records.run_reader import RunFolder, open_run
+
+logger = logging.getLogger(__name__)
 
 # metrics of the machine and its clock, not of the training: never compared
 TIMING_METRICS = ("runtime", "per_second", "mfu", "memory", "step_time")
@@ -173,3 +179,50 @@ def _causes(first: dict, second: dict) -> tuple[list[str], str]:
                f"library variable(s), the run's decisions")
     return lines, checked
 
+def rerun_recipe(recipe: dict, out: Path) -> dict:
+    """The run's recipe as the rerun trains it: into ``out``, from the first step, reporting to no tracker (a
+    rerun is not a new experiment)."""
+    recipe = copy.deepcopy(recipe)
+    training = recipe.setdefault("training", {})
+    training["output_dir"] = str(out)
+    training.pop("resume_from_checkpoint", None)
+    training["report_to"] = "none"
+    recipe.pop("tracking", None)
+    return recipe
+
+
+def reproduce(run_dir: str | Path, out: str | Path | None = None, against: str | Path | None = None
+              ) -> tuple[Path, Comparison]:
+    """(the second run's folder, the comparison). ``against``: a finished run to compare with instead of training
+    one (a rerun on several processes, launched by hand); else the run is trained again into ``out`` (default:
+    RUN_DIR-reproduced)."""
+    if out is not None and against is not None:
+        raise HfTuneError("--out and --against: give one (--out trains the rerun there; --against compares with a "
+                          "rerun already made)")
+    run = finished_run(run_dir)
+    if against is not None:
+        return Path(against), compare_runs(run.path, against)
+    manifest = run.manifest()
+    out = Path(out) if out is not None else run.path.with_name(run.path.name + "-reproduced")
+    itself = out.resolve() == run.path.resolve()
+    if itself or (out / run_folder.MANIFEST).exists() or (out / run_folder.RECIPE).exists():
+        raise HfTuneError(f"--out {out}: {'is the run itself' if itself else 'holds a run already'}\n  fix: pass "
+                          f"another --out, or compare with that run: hf-tune reproduce {run.path} --against {out}")
+    world = manifest.get("world_size") or 1
+    if world > 1:
+        raise HfTuneError(
+            f"{run.path}: trained on {world} processes, and reproduce trains in this one process\n  fix: launch the "
+            f"rerun as the original was (e.g. accelerate launch --num_processes {world} -m hf_tune.run RECIPE, with "
+            f"RECIPE a copy of {run.path / run_folder.RECIPE} whose training.output_dir is {out}), then: hf-tune "
+            f"reproduce {run.path} --against {out}")
+    import torch
+
+    from hf_tune.assembly.loading import load_recipe
+    from hf_tune.workflows.train import train
+
+    threads = manifest.get("cpu_threads")
+    if threads and threads != torch.get_num_threads():
+        logger.info("CPU threads: %d, as the run had (this process had %d)", threads, torch.get_num_threads())
+        torch.set_num_threads(threads)
+    train(load_recipe(rerun_recipe(run.recipe(), out)))
+    return out, compare_runs(run.path, out)

@@ -1,8 +1,11 @@
-"""``hf-tune plan``'s printout of ``hf_tune.workflows.plan.plan``'s result."""
+"""``hf-tune plan RECIPE``: batch sizes, steps, optimizer groups, memory and the schedule, without training
+(``hf_tune.workflows.plan.plan``), and their printout."""
 
 from __future__ import annotations
 
-from hf_tune.model.memory import RUNTIME_RESERVE_BYTES
+from hf_tune.commands.option_types import whole
+from hf_tune.commands.verb import Verb, option
+from hf_tune.runtime.output_paths import Output
 
 
 def _tokens_line(tokens: dict | None) -> str:
@@ -100,6 +103,8 @@ def _memory_lines(result: dict) -> list[str]:
                      + (", Liger (not run by the probe: the figure is an upper bound)" if decided["liger"] else "")
                      + (f", router load-balancing loss x {decided['router_aux_loss_coef']:g}"
                         if decided.get("router_aux_loss_coef") else ""))
+    from hf_tune.model.memory import RUNTIME_RESERVE_BYTES  # loads torch: plan has loaded it already
+
     teacher = " + the teacher's weights" if result.get("teacher") else ""
     lines.append(f"estimated peak per rank ({result['setup']}): {result['peak_per_rank'] / 2**30:.2f} GB "
                  f"(model states + activations at their peak{teacher} + {RUNTIME_RESERVE_BYTES / 2**30:g} GB runtime "
@@ -108,3 +113,16 @@ def _memory_lines(result: dict) -> list[str]:
         lines.append(f"  + {result['generation_cache_bytes'] / 2**30:.2f} GB of keys and values while a micro-batch's "
                      "completions are sampled")
     return lines + fit_lines(decided.get("memory"))
+
+
+def run(args) -> None:
+    from hf_tune.assembly.loading import load_recipe  # loads transformers: only when the verb runs
+    from hf_tune.workflows.plan import plan
+
+    print(format_plan(plan(load_recipe(args.recipe, args.overrides), world_size=args.world_size, out_dir=args.out)))
+
+
+VERB = Verb(run, "batch sizes, steps, optimizer groups and lr_schedule.png, without training", True, (
+    option("--world-size", type=whole(1), default=None, help="plan for N processes (default: this launch's)"),
+    option("--out", default=None, help="folder for lr_schedule.png (default: training.output_dir)")),
+    output=Output("folder"))

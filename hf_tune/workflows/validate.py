@@ -14,6 +14,7 @@ from hf_tune.assembly.memory_fit import refuse_unfit
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
 from hf_tune.recipe.schema import Recipe
+from hf_tune.records.resolved_recipe import resolved_recipe_dict
 from hf_tune.redaction import redact_secrets
 from hf_tune.training_args import build_training_arguments, training_kwargs
 
@@ -61,14 +62,11 @@ def mark_defaults(text: str, defaults: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def validate_command(args) -> None:
-    """``hf-tune validate``: the resolved recipe, what hf_tune decides where it is silent marked as its default."""
-    from hf_tune.assembly.loading import load_recipe
-    from hf_tune.records.resolved_recipe import resolved_recipe_dict
-
-    recipe = load_recipe(args.recipe, args.overrides)
+def effective_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML, secrets redacted, with what hf_tune decides where the recipe is silent filled in
+    and each such line marked as hf_tune's default (what ``hf-tune validate`` prints)."""
     resolved, defaults = resolved_recipe_dict(recipe), hf_tune_defaults(recipe)
     for section, values in defaults.items():  # what the run will use, each marked as hf_tune's default
         target = resolved.setdefault(section, {})
         target.update({key: value for key, value in values.items() if target.get(key) is None})
-    print(mark_defaults(yaml.safe_dump(redact_secrets(resolved), sort_keys=False), defaults), end="")
+    return mark_defaults(yaml.safe_dump(redact_secrets(resolved), sort_keys=False), defaults)
