@@ -15,6 +15,7 @@ from typing import Callable
 
 from huggingface_hub import constants
 
+from hf_tune.catalog.agents import check_agent
 from hf_tune.catalog.sources import OFFLINE_DATASET_FIX, OFFLINE_MODEL_FIX, is_hub_dataset_id, looks_like_local_path
 from hf_tune.errors import HfTuneError, RecipeError
 from hf_tune.evaluation.task_sources import check_task_sources
@@ -217,4 +218,4 @@ CHECKS: tuple[Callable[[Recipe], None], ...] = (_check_model_source, _check_task
                                                  _check_fsdp, _check_push, _check_training_arguments,
                                                  _check_search_samples, _check_lora_init,
                                                  _check_flash_attention_installed, check_trackers,
-                                                 _check_evaluation_tasks)
+                                                 _check_evaluation_tasks, check_agent)

@@ -22,6 +22,12 @@ from transformers import TrainerCallback, TrainingArguments, set_seed
 
 from hf_tune.assembly.decisions import RunDecisions, decide, fall_back, fitted_recipe, router_loss_coefficient
 from hf_tune.assembly.memory_fit import pack_padding_ratio, refuse_unfit
+from hf_tune.catalog.agents import (
+    ENVIRONMENT_COLUMN,
+    check_environment_column,
+    check_tool_template,
+    trainer_agent_kwargs,
+)
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.rewards import build_reward_funcs
 from hf_tune.catalog.tasks import task_of
@@ -66,6 +72,7 @@ def build_method_data(recipe: Recipe, args: TrainingArguments) -> TrainingData:
     """A TRL method's examples in TRL's layout (its trainer tokenizes them), checked row by row."""
     with args.main_process_first(desc="reading datasets"):
         train, evaluation = load_method_data(recipe.data, recipe.method, data_seed(recipe), recipe.rewards)
+    check_environment_column(recipe.agent, train.column_names, lambda: train[ENVIRONMENT_COLUMN], "data.train")
     return TrainingData(train, evaluation, labels=None)
 
 
@@ -106,6 +113,8 @@ def build_run(recipe: Recipe, args: TrainingArguments | None = None, data: Train
         check_distributed(args)
     fit_cpu_threads(args)
     tokenizer = build_tokenizer(recipe)
+    if recipe.agent is not None:  # before the data and the model: a template with no tool format is refused here
+        check_tool_template(tokenizer, recipe)
     method = method_of(recipe.method)
     if data is None:
         data = build_data(recipe, tokenizer, args)
@@ -204,7 +213,8 @@ def build_method_trainer(recipe: Recipe, model, tokenizer, train_dataset, eval_d
 
         extra["peft_config"] = LoraConfig(task_type=task.peft_task_type, **recipe.lora)
     if method.rewarded:
-        extra["reward_funcs"] = build_reward_funcs(recipe.rewards)
+        extra["reward_funcs"] = build_reward_funcs(recipe.rewards) or None  # None: the environments' own rewards
+        extra.update(trainer_agent_kwargs(recipe.agent))
     if method.teacher and model is not None:
         extra["teacher_model"] = build_teacher(recipe, tokenizer, model)
     return method_trainer_class(method.name)(

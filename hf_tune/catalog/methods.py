@@ -38,6 +38,7 @@ class Method:
     formats: tuple[str, ...] = ()  # the data.format values it reads (hf_tune.catalog.formats), its default first
     unpaired_formats: tuple[str, ...] = ()  # formats it reads as unpaired examples (TRL's unpair_preference_dataset)
     flat_pairs: bool = False  # its padded pairs can run as one flattened row (hf_tune.model.flat_pairs)
+    tools: bool = False  # its rollouts call the agent section's tools (TRL's tools, environment_factory)
 
     @property
     def config(self) -> type:
@@ -79,7 +80,8 @@ METHODS = {
                      eval_metrics=("eval_loss", "eval_accuracy", "eval_margin")),
     "grpo": Method("grpo", "trl:GRPOConfig", "trl:GRPOTrainer", ("causal_lm",),
                    "group relative policy optimization: sampled completions scored by reward functions",
-                   generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward"), formats=("prompt_only",)),
+                   generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward"), formats=("prompt_only",),
+                   tools=True),
     "rloo": Method("rloo", "trl:RLOOConfig", "trl:RLOOTrainer", ("causal_lm",),
                    "REINFORCE leave-one-out: sampled completions scored by reward functions, each against the mean "
                    "of its group's others", generates=True, rewarded=True, eval_metrics=("eval_loss", "eval_reward"),

@@ -84,7 +84,7 @@ def check_method(recipe: Recipe, raw: dict) -> None:
         raise RecipeError("training.padding_free", f"{given}'s pairs as one flattened row are proven on the model "
                           f"before training, and {sharded[1]} ({sharded[0]}) shards its weights over the ranks",
                           fix="remove training.padding_free (the pairs then run padded, as TRL runs them)")
-    if method.rewarded and not recipe.rewards:
+    if method.rewarded and not recipe.rewards and recipe.agent is None:  # an environment may own its reward
         raise RecipeError("rewards", f"{given} needs at least one reward function",
                           fix="e.g. rewards: [{name: exact_answer, column: answer}]")
     if recipe.rewards and not method.rewarded:

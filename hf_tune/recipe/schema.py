@@ -35,6 +35,7 @@ from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, mode
 from hf_tune.catalog.formats import DEFAULT_FORMAT, FORMATS
 from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.catalog.tasks import DEFAULT_TASK, TASKS
+from hf_tune.recipe.agent_section import AgentSection
 from hf_tune.recipe.resilience_section import ResilienceSection
 from hf_tune.recipe.run_sections import MachineSection, ProfileSection
 from hf_tune.recipe.search_section import Distribution, SearchSection  # noqa: F401  re-exported for their importers
@@ -232,8 +233,8 @@ class TrackingSection(_Section):
     tags: list[str] = Field(default_factory=list)
 
 
-SECTIONS = ("method", "rewards", "model", "teacher", "lora", "data", "training", "optim", "evaluation", "hub", "search",
-            "tracking", "profile", "resilience", "machine")
+SECTIONS = ("method", "rewards", "agent", "model", "teacher", "lora", "data", "training", "optim", "evaluation", "hub",
+            "search", "tracking", "profile", "resilience", "machine")
 
 
 @dataclasses.dataclass
@@ -254,6 +255,7 @@ class Recipe:
     machine: MachineSection | None = None
     method: str = DEFAULT_METHOD
     rewards: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
+    agent: AgentSection | None = None
     teacher: ModelSection | None = None
     source: Path | None = None
 
@@ -272,6 +274,7 @@ class Recipe:
         resolved = {
             "method": self.method,
             "rewards": copy.deepcopy(self.rewards) or None,
+            "agent": self.agent.model_dump(exclude_none=True) if self.agent else None,
             "model": self.model.model_dump(exclude_none=True),
             "teacher": self.teacher.model_dump(exclude_none=True) if self.teacher else None,
             "lora": copy.deepcopy(self.lora),

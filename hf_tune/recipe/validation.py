@@ -15,6 +15,7 @@ from hf_tune.catalog.methods import DEFAULT_METHOD, METHODS
 from hf_tune.catalog.sources import LOCAL_DATA_SUFFIXES, PACKAGED_BUILDERS, data_file_patterns, looks_like_local_path
 from hf_tune.catalog.templates import names_a_template, template_names
 from hf_tune.errors import HfTuneError, RecipeError
+from hf_tune.recipe.agent_section import AgentSection
 from hf_tune.recipe.checks import check_consistency, check_method, check_search
 from hf_tune.recipe.overrides import TOP_LEVEL_KEYS, apply_values
 from hf_tune.recipe.resilience_section import ResilienceSection, check_resilience
@@ -60,6 +61,7 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     machine = (_parse_section(MachineSection, raw["machine"] or {}, "machine") if raw.get("machine") is not None
                else None)
     teacher = _parse_section(ModelSection, raw["teacher"], "teacher") if raw.get("teacher") is not None else None
+    agent = _parse_section(AgentSection, raw["agent"], "agent") if raw.get("agent") is not None else None
 
     from peft import LoraConfig
 
@@ -77,7 +79,8 @@ def validate_recipe(raw: dict[str, Any], source: Path | None = None) -> Recipe:
     refuse_secrets(raw)  # secret-named keys, once every key is known: a mistyped key is reported as a typo first
     recipe = Recipe(model=model, data=data, training=training, lora=lora, optim=optim, evaluation=evaluation,
                     hub=hub, search=search, tracking=tracking, profile=profile, resilience=resilience, machine=machine,
-                    method=method.name, rewards=list(raw.get("rewards") or []), teacher=teacher, source=source)
+                    method=method.name, rewards=list(raw.get("rewards") or []), agent=agent, teacher=teacher,
+                    source=source)
     check_method(recipe, raw)
     _check_files(recipe)
     check_consistency(recipe, optim_given="optim" in raw)

@@ -25,6 +25,7 @@ from hf_tune.trainer.flat_pairs import FlatPreferenceRows
 from hf_tune.trainer.generators import generators_kept
 from hf_tune.trainer.monitors import Monitors, monitors_of
 from hf_tune.trainer.reference import ReferenceLogpsCache
+from hf_tune.trainer.tool_rollouts import ToolRollouts
 
 if TYPE_CHECKING:  # the annotations' classes: the hooks reach them through the trainer's monitors
     from hf_tune.trainer.loss_guard import NonFiniteLossGuard
@@ -196,6 +197,7 @@ def method_trainer_class(name: str) -> type:
         return HfTuneTrainer
     upstream = method.trainer
     bases = ((ReferenceLogpsCache,) if method.reference else ()) + ((FlatPreferenceRows,) if method.flat_pairs
-                                                                     else ()) + (HfTuneMixin, upstream)
+                                                                     else ()) + ((ToolRollouts,) if method.tools
+                                                                                 else ()) + (HfTuneMixin, upstream)
     return type(f"HfTune{upstream.__name__}", bases, {"__doc__": f"{upstream.__name__} with hf_tune's features."})
 
