@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tune-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo experiment lint test test-floors test-gpu gpu-check bench clean-runs
+.PHONY: setup demo agent experiment lint test test-floors test-gpu gpu-check bench clean-runs
 
 setup: $(STAMP)
 
@@ -59,6 +59,14 @@ demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	fi
 	@# what it learned: base and tuned answers side by side, the held-out persona score before -> after
 	$(PY) examples/demo_before_after.py runs/llm_lora
+
+# an agent that learns to use a tool (docs/methods.md, "Agents"): a short SFT shows SmolLM2 the tool-call format, then
+# GRPO on multi-turn rollouts in examples/agent/lockers.py; the held-out prompts' reward and tool calls before -> after
+agent: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
+	$(PY) -m hf_tune.run recipes/llm_agent_sft.yaml
+	$(VENV)/bin/hf-tune merge runs/llm_agent_sft
+	PYTHONPATH=examples/agent $(PY) -m hf_tune.run recipes/llm_agent.yaml
+	$(PY) examples/agent/before_after.py runs/llm_agent
 
 # the experiment project end to end (examples/experiment/README.md): search, kill + resume, reproduce, report
 experiment: setup

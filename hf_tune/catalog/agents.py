@@ -219,3 +219,30 @@ def check_tool_template(tokenizer, recipe) -> None:
             "%s is not prefix-preserving (an earlier turn renders differently once a later one follows): TRL renders "
             "the rollouts with its training variant of it, and the trained tokens may differ from what this template "
             "renders at inference", where)
+
+
+def offered_tool_names(agent) -> list[str]:
+    """The names of the tools a rollout is offered: the section's functions, then each environment's methods."""
+    if agent is None:
+        return []
+    names = [path.rpartition(":")[2] for path in agent.tools]
+    for path in environments(agent).values():
+        names += [name for name in tool_methods(resolve(path)) if name not in names]
+    return names
+
+
+def rollout_prompt(agent, row: dict) -> tuple[list[dict], list[Callable]]:
+    """An example's prompt and tools as a rollout starts, the way TRL prepares them: the section's functions and the
+    methods of a fresh instance of the example's environment, whose ``reset(**row)`` has run (a string it returns is
+    appended to the last message)."""
+    prompt = list(row["prompt"])
+    tools = [resolve(path) for path in agent.tools]
+    several = isinstance(agent.environment, dict)
+    path = environments(agent).get(row.get(ENVIRONMENT_COLUMN) if several else None)
+    if path is not None:
+        instance = resolve(path)()
+        observation = instance.reset(**{k: v for k, v in row.items() if not (several and k == ENVIRONMENT_COLUMN)})
+        if isinstance(observation, str) and prompt and isinstance(prompt[-1].get("content"), str):
+            prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
+        tools += [getattr(instance, name) for name in tool_methods(type(instance))]
+    return prompt, tools

@@ -56,7 +56,8 @@ def _run_lines(result: dict) -> list[str]:
                     "pack, data.batch_tokens)")
     per_epoch = "- (a stream: training.max_steps)" if streamed else result["steps_per_epoch"]
     total = result["total_steps"] if result["total_steps"] is not None else "- (set training.max_steps)"
-    lines = [f"method: {result['method']} ({result['method_batch']})", f"reference model: {result['reference']}",
+    lines = [f"method: {result['method']} ({result['method_batch']})", *_rollout_lines(result.get("rollouts")),
+             f"reference model: {result['reference']}",
              *([teacher_line(result["teacher"])] if result.get("teacher") else []),
              f"examples: {examples}{_tokens_line(result.get('tokens_per_example'))}",
              f"world size: {result['world_size']}   effective batch: {result['effective_batch_size']}",
@@ -70,6 +71,19 @@ def _run_lines(result: dict) -> list[str]:
         lines.append(f"{row['depth']:>5} {'yes' if row['weight_decay'] else 'no':>5} {row['tensors']:>7} "
                      f"{row['params']:>12,} {row['lr']:>11.3e} {row['weight_decay']:>6g}")
     return lines
+
+
+def _rollout_lines(rollouts: dict | None) -> list[str]:
+    if not rollouts:
+        return []
+    tokens = rollouts["completion_tokens"]
+    line = f"rollouts: {rollouts['generations']} per prompt, up to {tokens} completion tokens each"
+    if rollouts["tools"]:
+        rounds = rollouts["tool_rounds"]
+        line += (" (its turns and tool results together); " + (f"up to {rounds} tool round(s)" if rounds else
+                 "tool rounds unbounded (training.max_tool_calling_iterations)")
+                 + f"; tools: {', '.join(rollouts['tools'])}")
+    return [line]
 
 
 def _memory_lines(result: dict) -> list[str]:

@@ -78,7 +78,10 @@ class ToolRollouts:
         self._drift_shown = True
         at = next((i for i, (a, b) in enumerate(zip(stream, rendered)) if a != b), min(len(stream), len(rendered)))
         decode = self.processing_class.decode
+        trained, template = decode(stream[at:]), decode(rendered[at:])
+        how = ("the same text in other tokens: the model spelled it in a tokenization the template does not use"
+               if template.startswith(trained) else "other text: a turn the template renders differently (a tool "
+               "call's JSON re-spelled, a tool result re-rendered)")
         logger.warning("a rollout's tokens differ from the chat template's rendering of its conversation from token "
-                       "%d: trained %r, the template renders %r (the model's tool call or a turn re-rendered "
-                       "differently); tools/stream_drift counts such rollouts", at, decode(stream[at:at + 24]),
-                       decode(rendered[at:at + 24]))
+                       "%d (trained %s, the template renders %s): %s; tools/stream_drift counts such rollouts", at,
+                       stream[at:at + 6], rendered[at:at + 6], how)

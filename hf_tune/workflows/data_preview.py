@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 
+from hf_tune.catalog.agents import rollout_prompt
 from hf_tune.data.preview import IGNORE, first_examples, marked_text
+from hf_tune.model.loading import build_tokenizer
 from hf_tune.recipe.schema import Recipe
 from hf_tune.training_args import build_training_arguments
 
@@ -58,8 +60,24 @@ def data_preview(recipe: Recipe, count: int = 3, colour: bool = False) -> str:
         lines.append(f"tokens the loss ignores: {share:.1%} (the prompt side; the rest, marked below, trains)")
     for number, example in enumerate(first_examples(train, count), start=1):
         lines.append(f"\n--- example {number} " + "-" * 40)
-        lines.append(_shown(example, processor, colour, data.labels))
+        if recipe.agent and processor is None:  # TRL tokenizes a method's data itself: the tokenizer, loaded once
+            processor = build_tokenizer(recipe)
+        lines.append(_rollout_start(example, processor, recipe) if recipe.agent else
+                     _shown(example, processor, colour, data.labels))
     return "\n".join(lines)
+
+
+def _rollout_start(example: dict, tokenizer, recipe: Recipe) -> str:
+    """A GRPO example with the ``agent`` section: its prompt rendered with its tools, as the first turn of a rollout
+    reads it, and the columns its environment's ``reset`` and the rewards receive."""
+    prompt, tools = rollout_prompt(recipe.agent, example)
+    text = tokenizer.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    count = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    columns = {key: value for key, value in example.items() if key != "prompt"}
+    return (f"{text}\n({count} tokens; the model writes from here, up to "
+            f"{recipe.training.get('max_completion_length', 256)} tokens with its tool turns; tools: "
+            f"{', '.join(getattr(tool, '__name__', str(tool)) for tool in tools)})"
+            + (f"\ncolumns: {json.dumps(columns, ensure_ascii=False, default=str)}" if columns else ""))
 
 
 def _shown(example: dict, processor, colour: bool, names: list[str] | None = None) -> str:

@@ -13,6 +13,7 @@ from hf_tune import run_folder
 from hf_tune.assembly.decisions import decide
 from hf_tune.assembly.memory_fit import estimate_peak, pack_padding_ratio
 from hf_tune.assembly.run_build import build_method_data
+from hf_tune.catalog.agents import offered_tool_names
 from hf_tune.catalog.formats import format_of
 from hf_tune.catalog.methods import method_of
 from hf_tune.catalog.tasks import task_of
@@ -66,6 +67,7 @@ def plan(recipe: Recipe, world_size: int | None = None, out_dir: str | Path | No
         "method": method.name,
         "method_batch": method_batch(method, effective, generations, recipe.data.batch_tokens),
         "reference": reference_model(recipe, method, args),
+        "rollouts": rollout_bounds(recipe, args) if method.generates else None,
         "examples": examples,
         "data_not_read": missing,
         "tokens_per_example": tokens,
@@ -171,6 +173,16 @@ def plan_memory(recipe: Recipe, args, model, world: int, longest: int | None = N
     result = estimate_peak(recipe, args, decisions, model, world, longest, ratio)
     result["decisions"] = decisions.to_dict()
     return result
+
+
+def rollout_bounds(recipe: Recipe, args) -> dict:
+    """What one rollout of a generating method may hold: its generations per prompt, the completion tokens (every
+    turn and tool result together, TRL's ``max_completion_length``), the tool rounds (``max_tool_calling_iterations``;
+    None: unbounded) and the tools it is offered (the ``agent`` section's)."""
+    return {"generations": getattr(args, "num_generations", None) or 1,
+            "completion_tokens": getattr(args, "max_completion_length", None),
+            "tool_rounds": getattr(args, "max_tool_calling_iterations", None) if recipe.agent else 0,
+            "tools": offered_tool_names(recipe.agent)}
 
 
 def method_batch(method, effective: int, generations: int, batch_tokens: int | None = None) -> str:
