@@ -1,13 +1,14 @@
 """GRPO's multi-turn rollouts on a CPU: transformers' ``generate`` against its continuous batching
 (``training.use_transformers_continuous_batching``), side by side on the same prompts.
 
-    PYTHONPATH=examples/agent python benchmarks/agent_rollouts.py [--model runs/llm_agent_sft/merged] [--rounds 3]
+    PYTHONPATH=examples/agent python benchmarks/agent_rollouts.py [--model runs/llm_agent_sft/merged] [--rounds 2]
 
 Each setting builds the run of ``recipes/llm_agent.yaml`` (the lockers environment, the qwen2_5 template, 8 rollouts:
-2 prompts x 4 generations, up to 80 completion tokens and 2 tool rounds) and times TRL's rollout call (its
-``_generate``: the first turn, the tool calls, the turns after them) on the same 2 training prompts, ``--rounds``
-times after one warm-up round, in one process, one setting after the other. Reported: rollouts/s and generated
-tokens/s (the tokens the model wrote, tool results excluded), the best round of each.
+2 prompts x 4 generations, up to 80 completion tokens and 2 tool rounds) and times TRL's rollout call
+(``_generate_and_score_completions``: the first turn, the tool calls, the turns after them, the rewards) on the same
+2 training prompts, ``--rounds`` times after one warm-up round, in one process, one setting after the other.
+Reported: rollouts/s and generated tokens/s (the tokens the model wrote, tool results excluded), the best round of
+each.
 """
 
 from __future__ import annotations
@@ -27,21 +28,21 @@ def rollouts(model: str, continuous: bool, rounds: int) -> dict:
     run = build_run(load_recipe("recipes/llm_agent.yaml", overrides))
     trainer = run.trainer
     rows = [run.data.train[i] for i in (0, 1) for _ in range(trainer.num_generations)]
-    prompts = [row["prompt"] for row in rows]
-    for environment, row in zip(trainer.environments, rows):
-        environment.reset(**row)
+    trainer.model.eval()
     best = None
     for round_ in range(rounds + 1):
         torch.manual_seed(round_)
         start = time.perf_counter()
         with torch.no_grad():
-            _, completion_ids, tool_mask, *_ = trainer._generate(prompts)
+            batch = trainer._generate_and_score_completions(rows)
         seconds = time.perf_counter() - start
-        written = sum(sum(mask) for mask in tool_mask) if tool_mask is not None else sum(map(len, completion_ids))
+        mask = batch["completion_mask"] * batch["tool_mask"] if batch.get("tool_mask") is not None else \
+            batch["completion_mask"]
+        written = int(mask.sum())
         if round_ and (best is None or seconds < best[0]):
             best = (seconds, written)
     seconds, written = best
-    return {"rollouts_per_s": len(prompts) / seconds, "tokens_per_s": written / seconds, "seconds": seconds}
+    return {"rollouts_per_s": len(rows) / seconds, "tokens_per_s": written / seconds, "seconds": seconds}
 
 
 if __name__ == "__main__":
