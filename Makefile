@@ -65,7 +65,8 @@ demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 agent: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(PY) -m hf_tune.run recipes/llm_agent_sft.yaml
 	$(VENV)/bin/hf-tune merge runs/llm_agent_sft
-	PYTHONPATH=examples/agent $(PY) -m hf_tune.run recipes/llm_agent.yaml
+	PYTHONPATH=examples/agent $(PY) -m hf_tune.run recipes/llm_agent.yaml \
+		model.pretrained_model_name_or_path=runs/llm_agent_sft/merged
 	$(PY) examples/agent/before_after.py runs/llm_agent
 
 # the experiment project end to end (examples/experiment/README.md): search, kill + resume, reproduce, report

@@ -50,6 +50,7 @@ def test_the_marked_spans_are_the_answers_and_the_counts_are_the_templates(tmp_p
 @pytest.mark.parametrize("recipe", RECIPES, ids=[path.stem for path in RECIPES])
 def test_every_shipped_recipe_previews(recipe, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "agent"))  # llm_agent's environment module
     main(["data", str(recipe), "--n", "1"])
     out = capsys.readouterr().out
     assert out.startswith("data not read: the tokenizer of ") or (

@@ -80,6 +80,7 @@ def test_every_other_shipped_recipe_validates_and_plans_offline(path, offline, t
     from hf_tune.commands.cli import main
 
     monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "agent"))  # llm_agent's environment module
     main(["validate", str(path)])
     main(["plan", str(path), "--out", str(tmp_path)])
     said = capsys.readouterr().out

@@ -164,6 +164,7 @@ def test_redaction_masks_secret_keys_and_token_shaped_values():
 @pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_recipe_validates(path, monkeypatch):
     monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "agent"))  # llm_agent's environment module
     recipe = load_recipe(path)
     assert recipe.source == path and recipe.training["output_dir"]
 
