@@ -199,8 +199,8 @@ def taught_to_call(folder, family: str, tmp_path) -> str:
     torch.manual_seed(0)
     model = model_class(config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                      eos_token_id=tokenizer.eos_token_id, **TINY))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(300):
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+    for _ in range(120):
         loss = model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
