@@ -10,8 +10,10 @@ records a tool failure and the rollout goes on (``tools/failure_frequency``); th
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from importlib.metadata import version
@@ -194,9 +196,6 @@ def check_tool_template(tokenizer, recipe) -> None:
     it (``add_response_schema`` knows the template), else a RecipeError naming ``data.chat_template`` and the named
     templates that would do. A template that is not prefix-preserving is replaced by TRL's training variant for the
     rollouts; hf_tune says so in the log."""
-    import copy
-    import logging
-
     from trl.chat_template_utils import add_response_schema, is_chat_template_prefix_preserving, supports_tool_calling
 
     where = f"the chat template of {recipe.model.pretrained_model_name_or_path}"
@@ -210,7 +209,7 @@ def check_tool_template(tokenizer, recipe) -> None:
         raise RecipeError("data.chat_template", f"{where} cannot render an assistant's tool call and the tool's "
                           "result, which a multi-turn rollout needs", fix=fix)
     try:
-        add_response_schema(copy.copy(tokenizer))  # TRL sets the parser on its own copy when it builds the trainer
+        add_response_schema(copy.copy(tokenizer))  # on a copy: TRL sets the parser itself as it builds the trainer
     except ValueError as err:
         raise RecipeError("data.chat_template", f"TRL cannot parse the tool calls a model writes in {where} ({err})",
                           fix=fix) from None

@@ -57,15 +57,16 @@ class ToolRollouts:
         for index, (prompt, completion) in enumerate(zip(prompts, completions)):
             conversation = list(prompt) + list(completion) if isinstance(prompt, list) else None
             stream = list(prompt_ids[index]) + list(completion_ids[index])
+            tools = self._rollout_tools(index)
             turns.append(sum(message.get("role") == "assistant" for message in completion)
                          if isinstance(completion, list) else 1)
             self.recent_rollouts.append({"conversation": conversation, "stream": stream, "prompt_length":
                                          len(prompt_ids[index]), "tool_mask": list(tool_mask[index]),
-                                         "tools": self._rollout_tools(index)})
+                                         "tools": tools})
             if conversation is None or not completion_ids[index] or completion_ids[index][-1] not in ends:
                 continue  # a clipped rollout has no final turn the template could render
             checked += 1
-            rendered = self.rendered(conversation, self._rollout_tools(index))
+            rendered = self.rendered(conversation, tools)
             if rendered[:len(stream)] != stream:
                 drifted += 1
                 self._show_drift(stream, rendered)

@@ -62,12 +62,12 @@ def data_preview(recipe: Recipe, count: int = 3, colour: bool = False) -> str:
         lines.append(f"\n--- example {number} " + "-" * 40)
         if recipe.agent and processor is None:  # TRL tokenizes a method's data itself: the tokenizer, loaded once
             processor = build_tokenizer(recipe)
-        lines.append(_rollout_start(example, processor, recipe) if recipe.agent else
+        lines.append(_rollout_start(example, processor, recipe, args) if recipe.agent else
                      _shown(example, processor, colour, data.labels))
     return "\n".join(lines)
 
 
-def _rollout_start(example: dict, tokenizer, recipe: Recipe) -> str:
+def _rollout_start(example: dict, tokenizer, recipe: Recipe, args) -> str:
     """A GRPO example with the ``agent`` section: its prompt rendered with its tools, as the first turn of a rollout
     reads it, and the columns its environment's ``reset`` and the rewards receive."""
     prompt, tools = rollout_prompt(recipe.agent, example)
@@ -75,7 +75,7 @@ def _rollout_start(example: dict, tokenizer, recipe: Recipe) -> str:
     count = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     columns = {key: value for key, value in example.items() if key != "prompt"}
     return (f"{text}\n({count} tokens; the model writes from here, up to "
-            f"{recipe.training.get('max_completion_length', 256)} tokens with its tool turns; tools: "
+            f"{args.max_completion_length} tokens with its tool turns; tools: "
             f"{', '.join(getattr(tool, '__name__', str(tool)) for tool in tools)})"
             + (f"\ncolumns: {json.dumps(columns, ensure_ascii=False, default=str)}" if columns else ""))
 
